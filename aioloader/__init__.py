@@ -1,0 +1,54 @@
+"""aioloader: stream safetensors weights into memory as fast as the storage allows.
+
+>>> tensors = await aioloader.load_model("/models/llama")          # doctest: +SKIP
+
+Importing this package is cheap: torch and other heavy dependencies are imported
+where they are first used.
+"""
+
+from __future__ import annotations
+
+from .api import Loader, ModelInfo, StreamStatistics, TensorStream, inspect_model, load_model
+from .config import Limits
+from .errors import (
+    AccessDeniedError,
+    ClosedError,
+    ConfigError,
+    FormatError,
+    HeaderError,
+    LoaderError,
+    NotFoundError,
+    ReadError,
+    SelectionError,
+    SourceError,
+    UnsupportedFormatError,
+)
+from .report import LoadReport
+from .safetensors import FileHeader, TensorInfo
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccessDeniedError",
+    "ClosedError",
+    "ConfigError",
+    "FileHeader",
+    "FormatError",
+    "HeaderError",
+    "Limits",
+    "LoadReport",
+    "Loader",
+    "LoaderError",
+    "ModelInfo",
+    "NotFoundError",
+    "ReadError",
+    "SelectionError",
+    "SourceError",
+    "StreamStatistics",
+    "TensorInfo",
+    "TensorStream",
+    "UnsupportedFormatError",
+    "__version__",
+    "inspect_model",
+    "load_model",
+]

@@ -1,0 +1,37 @@
+"""Running blocking calls off the event loop, safely under cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def run_blocking(
+    executor: Executor | None,
+    fn: Callable[[], T],
+    on_abandon: Callable[[T], object] | None = None,
+) -> T:
+    """Run ``fn`` in ``executor`` and return its result.
+
+    A thread cannot be interrupted. If the caller is cancelled, this still waits
+    for ``fn`` to return before re-raising, so no file descriptor is closed and no
+    buffer is handed out while a thread may still be using it. Each call is one
+    bounded read, so the wait is short. ``on_abandon`` receives a result that
+    arrived after the caller was cancelled (e.g. to close a file it opened).
+    """
+    future = asyncio.get_running_loop().run_in_executor(executor, fn)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            try:
+                await asyncio.wait([future])
+            except asyncio.CancelledError:
+                continue
+        if not future.cancelled() and future.exception() is None and on_abandon is not None:
+            on_abandon(future.result())
+        raise

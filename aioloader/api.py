@@ -1,0 +1,351 @@
+"""The public entry points: ``load_model`` for one shot, ``Loader`` to keep resources warm."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from .config import Limits
+from .devices.auto import device_for
+from .devices.base import Device
+from .errors import ClosedError
+from .layout import ModelLayout, resolve_layout
+from .pipeline import Selection, _Progress, load_headers, run_load
+from .report import LoadReport
+from .safetensors import FileHeader
+from .sources.auto import scheme_of, source_for
+from .sources.base import Source
+from .staging import ByteBudget
+
+__all__ = ["Loader", "ModelInfo", "StreamStatistics", "TensorStream", "inspect_model", "load_model"]
+
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class StreamStatistics:
+    """Progress of one stream."""
+
+    bytes_total: int
+    bytes_done: int
+    tensors_total: int
+    tensors_done: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a model holds, from its headers alone (no tensor bytes read).
+
+    Attributes:
+        url: what was inspected.
+        layout: its files, and the index if there was one.
+        headers: one validated header per file.
+    """
+
+    url: str
+    layout: ModelLayout
+    headers: tuple[FileHeader, ...] = field(repr=False)
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """``__metadata__`` of every file, merged in file order."""
+        merged: dict[str, str] = {}
+        for header in self.headers:
+            merged.update(header.metadata)
+        return merged
+
+
+class TensorStream:
+    """An async iterator of ``(name, tensor)`` in the order tensors complete.
+
+    Use it as ``async with loader.stream(url) as stream: async for name, t in stream``.
+    Leaving the block (or ``aclose()``) before the end stops every reader. Each
+    tensor handed out belongs to the caller: the loader never writes to it again.
+
+    Attributes:
+        report: the LoadReport, once the stream is exhausted.
+        metadata: the merged ``__metadata__``, once the headers have been read.
+    """
+
+    def __init__(self, loader: Loader, url: str, selection: Selection) -> None:
+        self._loader = loader
+        self._url = url
+        self._selection = selection
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._task: asyncio.Task[LoadReport] | None = None
+        self._progress = _Progress()
+        self._closed = False
+        self.report: LoadReport | None = None
+        self.metadata: dict[str, str] | None = None
+
+    def __repr__(self) -> str:
+        p = self._progress
+        state = "closed" if self._closed else "running" if self._task else "new"
+        return (
+            f"<TensorStream {self._url!r} {state} tensors={p.tensors_done}/{p.tensors_total} "
+            f"bytes={p.bytes_done}/{p.bytes_total}>"
+        )
+
+    def statistics(self) -> StreamStatistics:
+        p = self._progress
+        return StreamStatistics(p.bytes_total, p.bytes_done, p.tensors_total, p.tensors_done)
+
+    def _start(self) -> None:
+        if self._closed:
+            raise ClosedError(f"this stream of {self._url} is closed")
+        if self._task is not None:
+            return
+        self._task = asyncio.get_running_loop().create_task(
+            self._loader._run(self._url, self._selection, self._emit, self._progress, self._meta),
+            name=f"aioloader load {self._url}",
+        )
+        self._task.add_done_callback(lambda _: self._queue.put_nowait(_DONE))
+
+    def _emit(self, name: str, tensor: Any) -> None:
+        self._queue.put_nowait((name, tensor))
+
+    def _meta(self, metadata: dict[str, str]) -> None:
+        self.metadata = metadata
+
+    async def __aenter__(self) -> TensorStream:
+        self._start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> TensorStream:
+        return self
+
+    async def __anext__(self) -> tuple[str, Any]:
+        self._start()
+        item = await self._queue.get()
+        if item is _DONE:
+            assert self._task is not None
+            self._closed = True
+            self._loader._streams.discard(self)
+            self.report = self._task.result()
+            raise StopAsyncIteration
+        return item  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        """Stop the load (if still running) and release everything it held; idempotent."""
+        self._closed = True
+        self._loader._streams.discard(self)
+        task = self._task
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+        try:
+            await asyncio.wait([task])
+        finally:
+            if task.done() and not task.cancelled():
+                task.exception()  # an error nobody iterated to is not re-raised here
+
+    def __del__(self, _warn: Any = warnings.warn) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            _warn(
+                f"{self!r} was never closed; use `async with loader.stream(...)`",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+
+class Loader:
+    """A long-lived loader: keeps thread pools and budgets between loads.
+
+    Args:
+        device: where tensors go; ``"cpu"`` (host memory) in this version.
+        limits: a Limits; or give its fields one by one:
+        concurrency: reads in flight at once (default 8).
+        chunk_size: the largest single read, e.g. ``"16MiB"``.
+        memory_limit: bytes in flight and staged at once (default: derived from
+            the container's memory limit; a value above it is refused).
+
+    Use as ``async with Loader() as loader:``; ``aclose()`` is idempotent and a
+    closed loader refuses new work.
+    """
+
+    def __init__(
+        self,
+        *,
+        device: Any = "cpu",
+        limits: Limits | None = None,
+        concurrency: int | None = None,
+        chunk_size: int | str | None = None,
+        memory_limit: int | str | None = None,
+    ) -> None:
+        base = limits if limits is not None else Limits()
+        self.limits = base.with_options(
+            concurrency=concurrency, chunk_size=chunk_size, memory_limit=memory_limit
+        )
+        self._device: Device = device_for(device)
+        self._budget = ByteBudget(self.limits.staging_bytes)
+        self._sources: dict[str, Source] = {}
+        self._streams: set[TensorStream] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        b = self._budget.statistics()
+        return (
+            f"<Loader {state} device={self._device.name} concurrency={self.limits.concurrency} "
+            f"staging={b.used}/{b.limit}>"
+        )
+
+    def statistics(self) -> dict[str, Any]:
+        """Budget use and open streams, as a snapshot."""
+        return {"budget": self._budget.statistics(), "streams": len(self._streams)}
+
+    async def __aenter__(self) -> Loader:
+        self._check_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this Loader is closed; create a new one")
+
+    def _source(self, url: str) -> Source:
+        scheme = scheme_of(url)
+        source = self._sources.get(scheme)
+        if source is None:
+            source = self._sources[scheme] = source_for(url, concurrency=self.limits.concurrency)
+        return source
+
+    def stream(self, url: str, *, tensors: Selection = None) -> TensorStream:
+        """Stream the tensors of ``url`` as each one completes.
+
+        Args:
+            url: a ``.safetensors`` file, a ``file://`` URL, a folder of shards, or a
+                ``*.safetensors.index.json``.
+            tensors: names to load, or a predicate on names; ``None`` loads all.
+                Only the selected tensors' bytes are read.
+
+        Returns:
+            A TensorStream; use it with ``async with``.
+        """
+        self._check_open()
+        stream = TensorStream(self, url, tensors)
+        self._streams.add(stream)
+        return stream
+
+    async def load(self, url: str, *, tensors: Selection = None) -> dict[str, Any]:
+        """Load tensors of ``url`` into a dict (see ``stream`` for the arguments).
+
+        Returns:
+            ``{name: tensor}``, in the order the tensors completed.
+
+        Raises:
+            LoaderError: naming the file, tensor or byte range that failed.
+        """
+        async with self.stream(url, tensors=tensors) as stream:
+            return {name: tensor async for name, tensor in stream}
+
+    async def inspect(self, url: str) -> ModelInfo:
+        """Read and validate the headers of ``url`` without reading tensor data."""
+        self._check_open()
+        source = self._source(url)
+        layout = await resolve_layout(source, url)
+        blobs, headers = await load_headers(source, layout, self.limits.concurrency)
+        for blob in blobs:
+            await blob.aclose()
+        return ModelInfo(url=url, layout=layout, headers=tuple(headers))
+
+    async def _run(
+        self, url: str, selection: Selection, emit: Any, progress: _Progress, meta: Any
+    ) -> LoadReport:
+        self._check_open()
+        source = self._source(url)
+        layout = await resolve_layout(source, url)
+        return await run_load(
+            url=url,
+            source=source,
+            layout=layout,
+            device=self._device,
+            limits=self.limits,
+            budget=self._budget,
+            selection=selection,
+            emit=emit,
+            progress=progress,
+            on_metadata=meta,
+        )
+
+    async def aclose(self) -> None:
+        """Stop every stream and release threads, files and devices; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for stream in list(self._streams):
+            await stream.aclose()
+        self._streams.clear()
+        sources, self._sources = list(self._sources.values()), {}
+        for source in sources:
+            await source.aclose()
+        await self._device.aclose()
+
+    def __del__(self, _warn: Any = warnings.warn) -> None:
+        if not getattr(self, "_closed", True) and self._sources:
+            _warn(
+                f"{self!r} was never closed; use `async with Loader() as loader`",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+
+async def load_model(
+    url: str,
+    *,
+    device: Any = "cpu",
+    tensors: Selection = None,
+    limits: Limits | None = None,
+    concurrency: int | None = None,
+    chunk_size: int | str | None = None,
+    memory_limit: int | str | None = None,
+) -> dict[str, Any]:
+    """Load a safetensors model in one call.
+
+    Args:
+        url: a ``.safetensors`` file, ``file://`` URL, folder of shards, or
+            ``*.safetensors.index.json``.
+        device: where the tensors go (``"cpu"``).
+        tensors: names to load, or a predicate on names; ``None`` loads all.
+        limits, concurrency, chunk_size, memory_limit: see ``Loader``.
+
+    Returns:
+        ``{name: torch.Tensor}``, bit-identical to ``safetensors.torch.load_file``.
+
+    Raises:
+        LoaderError: naming the URL, file, tensor or byte range and what to do.
+    """
+    async with Loader(
+        device=device,
+        limits=limits,
+        concurrency=concurrency,
+        chunk_size=chunk_size,
+        memory_limit=memory_limit,
+    ) as loader:
+        return await loader.load(url, tensors=tensors)
+
+
+async def inspect_model(url: str) -> ModelInfo:
+    """Read the headers of a model (no tensor data): tensors, dtypes, metadata."""
+    async with Loader() as loader:
+        return await loader.inspect(url)

@@ -1,0 +1,194 @@
+"""The ``aioloader`` command line: ``load`` and ``inspect``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from .api import Loader, ModelInfo
+from .config import MiB, format_size
+from .errors import LoaderError
+
+__all__ = ["main"]
+
+# A tensor that holds more than this share of its file leaves the parallel
+# readers little to share (one huge tensor is read by chunks, but its neighbours
+# cannot overlap with it); worth a word to the user.
+_DOMINANT_SHARE = 0.5
+
+
+class _ProgressBar:
+    """A one-line progress bar on a terminal; silent elsewhere."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._enabled = out.isatty()
+        self._started = time.perf_counter()
+
+    def update(self, done: int, total: int) -> None:
+        if not self._enabled or total <= 0:
+            return
+        share = done / total
+        width = 30
+        filled = int(share * width)
+        elapsed = max(time.perf_counter() - self._started, 1e-9)
+        self._out.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {share:6.1%} "
+            f"{format_size(done)} / {format_size(total)} {done / elapsed / 1e9:5.2f} GB/s"
+        )
+        self._out.flush()
+
+    def close(self) -> None:
+        if self._enabled:
+            self._out.write("\n")
+            self._out.flush()
+
+
+async def _load(args: argparse.Namespace) -> int:
+    bar = _ProgressBar(sys.stderr)
+    async with Loader(
+        concurrency=args.concurrency, chunk_size=args.chunk_size, memory_limit=args.memory_limit
+    ) as loader:
+        selection = args.tensor or None
+        async with loader.stream(args.url, tensors=selection) as stream:
+            last = 0.0
+            async for _ in stream:
+                now = time.perf_counter()
+                if now - last > 0.1:
+                    stats = stream.statistics()
+                    bar.update(stats.bytes_done, stats.bytes_total)
+                    last = now
+            stats = stream.statistics()
+            bar.update(stats.bytes_done, stats.bytes_total)
+            bar.close()
+        report = stream.report
+    assert report is not None
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.summary())
+    return 0
+
+
+def describe(info: ModelInfo) -> dict[str, Any]:
+    """What ``aioloader inspect`` shows, as data."""
+    tensors = [t for h in info.headers for t in h.tensors]
+    total = sum(t.nbytes for t in tensors)
+    largest = max(tensors, key=lambda t: t.nbytes, default=None)
+    files = []
+    warnings = []
+    for header in info.headers:
+        size = header.data_bytes
+        big = max(header.tensors, key=lambda t: t.nbytes, default=None)
+        files.append(
+            {
+                "url": header.url,
+                "tensors": len(header.tensors),
+                "data_mib": round(size / MiB, 2),
+                "largest_tensor": big.name if big else None,
+                "largest_tensor_mib": round(big.nbytes / MiB, 2) if big else 0,
+            }
+        )
+        if big is not None and size > 64 * MiB and big.nbytes > _DOMINANT_SHARE * size:
+            warnings.append(
+                f"{header.url}: tensor {big.name!r} holds {big.nbytes / size:.0%} of the file "
+                f"({format_size(big.nbytes)}); aioloader splits it into parallel chunks, but "
+                "loaders that read tensor by tensor will be slow on this file"
+            )
+    return {
+        "url": info.url,
+        "index": info.layout.index,
+        "files": files,
+        "tensor_count": len(tensors),
+        "dtypes": dict(sorted(Counter(t.dtype for t in tensors).items())),
+        "total_mib": round(total / MiB, 2),
+        "largest_tensor": largest.name if largest else None,
+        "largest_tensor_mib": round(largest.nbytes / MiB, 2) if largest else 0,
+        "metadata": info.metadata,
+        "warnings": warnings,
+    }
+
+
+async def _inspect(args: argparse.Namespace) -> int:
+    async with Loader() as loader:
+        info = await loader.inspect(args.url)
+    data = describe(info)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{data['url']}: {data['tensor_count']} tensors in {len(data['files'])} file(s)")
+    if data["index"]:
+        print(f"  index: {data['index']}")
+    print(f"  total: {data['total_mib']:.2f} MiB")
+    print(f"  largest tensor: {data['largest_tensor']} ({data['largest_tensor_mib']:.2f} MiB)")
+    print("  dtypes: " + ", ".join(f"{k} x{v}" for k, v in data["dtypes"].items()))
+    for f in data["files"]:
+        print(
+            f"  {f['url']}: {f['tensors']} tensors, {f['data_mib']:.2f} MiB, "
+            f"largest {f['largest_tensor']} ({f['largest_tensor_mib']:.2f} MiB)"
+        )
+    if data["metadata"]:
+        print("  metadata: " + json.dumps(data["metadata"]))
+    for warning in data["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aioloader", description="Stream safetensors weights into memory."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    load = sub.add_parser("load", help="load a model and report how long it took")
+    load.add_argument("url", help="file, folder of shards, or *.safetensors.index.json")
+    load.add_argument("--concurrency", type=int, help="reads in flight (default 8)")
+    load.add_argument("--chunk-size", help="largest single read, e.g. 16MiB")
+    load.add_argument("--memory-limit", help="bytes in flight and staged, e.g. 2GiB")
+    load.add_argument(
+        "--tensor", action="append", help="load only this tensor (repeatable)", metavar="NAME"
+    )
+    load.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    inspect = sub.add_parser("inspect", help="show tensors, dtypes and sizes from the headers")
+    inspect.add_argument("url")
+    inspect.add_argument("--json", action="store_true", help="print as JSON")
+    return parser
+
+
+def _run(coro: Any) -> int:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)  # type: ignore[no-any-return]
+    return uvloop.run(coro)  # type: ignore[no-any-return]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``aioloader`` command."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    handler = _load if args.command == "load" else _inspect
+    try:
+        return _run(handler(args))
+    except LoaderError as exc:
+        print(f"aioloader: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("aioloader: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Settings for a load: small frozen dataclasses with sane defaults."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+from .errors import ConfigError
+from .memory import MemoryLimit, detect_memory_limit
+
+__all__ = ["Limits", "parse_size"]
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+DEFAULT_CONCURRENCY = 8
+DEFAULT_CHUNK_SIZE = 16 * MiB
+# The staging budget by default takes this share of what the container allows,
+# leaving the rest for the tensors themselves, the framework and the server.
+DEFAULT_MEMORY_SHARE = 8
+DEFAULT_MEMORY_CAP = 2 * GiB
+MIN_MEMORY_LIMIT = 1 * MiB
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "ki": KiB, "kib": KiB,
+    "m": 1000**2, "mb": 1000**2, "mi": MiB, "mib": MiB,
+    "g": 1000**3, "gb": 1000**3, "gi": GiB, "gib": GiB,
+    "t": 1000**4, "tb": 1000**4, "ti": 1 << 40, "tib": 1 << 40,
+}  # fmt: skip
+
+
+def parse_size(value: int | str, *, what: str = "size") -> int:
+    """Parse ``16MiB``, ``2G``, ``4096`` or an int into a byte count.
+
+    Raises:
+        ConfigError: the text is not a size.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{what} must be a byte count, got {value!r}")
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(value)
+    if not match:
+        raise ConfigError(
+            f"{what}: cannot read {value!r} as a size; write bytes or use a unit, e.g. 16MiB, 2GiB"
+        )
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[(unit or "").lower()])
+
+
+def format_size(n: float) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How hard a load may push the machine.
+
+    Args:
+        concurrency: reads in flight at once (and reader threads for local files).
+        chunk_size: the largest single read; big tensors are split into chunks of
+            this size read in parallel, small neighbours are merged up to it.
+        memory_limit: bytes allowed in flight and in staging at once. ``None``
+            derives it from the container's memory limit (cgroup v2, v1, else RAM):
+            an eighth of it, at most 2 GiB. An explicit value above what the
+            container allows is refused.
+    """
+
+    concurrency: int = DEFAULT_CONCURRENCY
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    memory_limit: int | None = None
+    _container: MemoryLimit = field(default_factory=detect_memory_limit, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise ConfigError(f"concurrency must be a positive integer, got {self.concurrency!r}")
+        if self.concurrency > 1024:
+            raise ConfigError(f"concurrency {self.concurrency} is too high; use 1024 or fewer")
+        chunk = parse_size(self.chunk_size, what="chunk_size")
+        if chunk < 4 * KiB:
+            raise ConfigError(f"chunk_size must be at least 4 KiB, got {chunk} bytes")
+        object.__setattr__(self, "chunk_size", chunk)
+        allowed = self._container.bytes
+        if self.memory_limit is None:
+            budget = max(MIN_MEMORY_LIMIT, min(allowed // DEFAULT_MEMORY_SHARE, DEFAULT_MEMORY_CAP))
+        else:
+            budget = parse_size(self.memory_limit, what="memory_limit")
+            if budget < MIN_MEMORY_LIMIT:
+                raise ConfigError(
+                    f"memory_limit must be at least {format_size(MIN_MEMORY_LIMIT)}, got {budget} bytes"
+                )
+            if budget >= allowed:
+                raise ConfigError(
+                    f"memory_limit {format_size(budget)} is not below what this process may use "
+                    f"({format_size(allowed)}, from {self._container.source}); the container "
+                    f"would be OOM-killed. Use at most half of it, e.g. "
+                    f"memory_limit={allowed // 2}, or leave it unset for a safe default."
+                )
+        object.__setattr__(self, "memory_limit", budget)
+
+    @property
+    def container_memory(self) -> MemoryLimit:
+        """The memory ceiling the defaults were derived from."""
+        return self._container
+
+    @property
+    def staging_bytes(self) -> int:
+        """The resolved staging budget in bytes."""
+        assert self.memory_limit is not None
+        return self.memory_limit
+
+    @property
+    def read_size(self) -> int:
+        """The largest single read: ``chunk_size``, shrunk so several fit in the budget."""
+        return max(4 * KiB, min(self.chunk_size, self.staging_bytes // 2))
+
+    def with_options(self, **changes: object) -> Limits:
+        """A copy with some settings changed (``None`` values are ignored)."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, **given) if given else self  # type: ignore[arg-type]
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "concurrency": self.concurrency,
+            "chunk_size": self.chunk_size,
+            "memory_limit": self.staging_bytes,
+        }

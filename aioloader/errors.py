@@ -1,0 +1,99 @@
+"""The exceptions aioloader raises.
+
+Every error names what failed (URL, file, tensor, byte range) and says what to
+do about it. The tree is shallow on purpose::
+
+    LoaderError
+    ├── ConfigError (ValueError)          a setting or argument is wrong
+    ├── SourceError                       the storage could not be reached or read
+    │   ├── NotFoundError (FileNotFoundError)
+    │   ├── AccessDeniedError (PermissionError)
+    │   └── ReadError                     a byte range failed mid-load
+    ├── FormatError (ValueError)          the bytes are not a valid safetensors model
+    │   ├── HeaderError                   the header is malformed or inconsistent
+    │   └── UnsupportedFormatError        a pickle/.bin, GGUF, LFS pointer, ...
+    ├── SelectionError (KeyError)         asked for tensors the model does not have
+    └── ClosedError (RuntimeError)        the Loader was used after aclose()
+
+``asyncio.CancelledError`` is never wrapped: cancelling a load cancels it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccessDeniedError",
+    "ClosedError",
+    "ConfigError",
+    "FormatError",
+    "HeaderError",
+    "LoaderError",
+    "NotFoundError",
+    "ReadError",
+    "SelectionError",
+    "SourceError",
+    "UnsupportedFormatError",
+]
+
+
+class LoaderError(Exception):
+    """Base class of every error aioloader raises on purpose."""
+
+
+class ConfigError(LoaderError, ValueError):
+    """A setting or argument is invalid, or not allowed on this machine."""
+
+
+class SourceError(LoaderError):
+    """The storage holding the weights could not be listed, opened or read."""
+
+
+class NotFoundError(SourceError, FileNotFoundError):
+    """A file, shard or object does not exist."""
+
+
+class AccessDeniedError(SourceError, PermissionError):
+    """The storage refused access to a file or object."""
+
+
+class ReadError(SourceError):
+    """A byte range could not be read in full.
+
+    Attributes:
+        url: the file or object being read.
+        start: first byte of the failed range (absolute file offset).
+        end: one past the last byte of the failed range.
+        tensors: names of the tensors whose bytes lie in that range.
+    """
+
+    def __init__(
+        self, message: str, *, url: str, start: int, end: int, tensors: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.start = start
+        self.end = end
+        self.tensors = tensors
+
+
+class FormatError(LoaderError, ValueError):
+    """The bytes are not a loadable safetensors model."""
+
+
+class HeaderError(FormatError):
+    """A safetensors header is malformed or inconsistent with the file."""
+
+
+class UnsupportedFormatError(FormatError):
+    """The file is a known format that is not safetensors."""
+
+
+class SelectionError(LoaderError, KeyError):
+    """Tensors were requested that the model does not contain."""
+
+    def __str__(self) -> str:
+        # KeyError.__str__ quotes its argument; show the message as written.
+        return str(self.args[0]) if self.args else ""
+
+
+class ClosedError(LoaderError, RuntimeError):
+    """A Loader (or stream) was used after it was closed."""

@@ -1,0 +1,148 @@
+"""Which files make up a model: a file, a folder of shards, or an index.json."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass, field
+
+from .errors import FormatError, SourceError
+from .sources.base import Source
+
+__all__ = ["INDEX_SUFFIX", "ModelLayout", "parse_index", "resolve_layout"]
+
+INDEX_SUFFIX = ".index.json"
+SAFETENSORS_SUFFIX = ".safetensors"
+# Files people often find where they expected safetensors, with what to do.
+_NOT_SUPPORTED = {
+    ".bin": "PyTorch pickle",
+    ".pt": "PyTorch pickle",
+    ".pth": "PyTorch pickle",
+    ".ckpt": "checkpoint pickle",
+    ".gguf": "GGUF",
+    ".h5": "Keras HDF5",
+    ".msgpack": "Flax msgpack",
+    ".onnx": "ONNX",
+}
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """The files of one model.
+
+    Attributes:
+        files: URLs of the safetensors files, in load order.
+        weight_map: tensor name -> file URL, when an index named them.
+        metadata: the index's ``metadata`` object, if any.
+        index: URL of the index file, if one was used.
+    """
+
+    files: tuple[str, ...]
+    weight_map: dict[str, str] | None = None
+    metadata: dict[str, object] = field(default_factory=dict)
+    index: str | None = None
+
+
+def parse_index(raw: bytes, url: str) -> ModelLayout:
+    """Parse a Hugging Face ``*.safetensors.index.json``.
+
+    Args:
+        raw: the file's bytes.
+        url: names it in errors.
+
+    Returns:
+        A layout whose ``files`` and ``weight_map`` hold shard names as written,
+        relative to the index's folder.
+
+    Raises:
+        FormatError: not JSON, or no usable ``weight_map``.
+    """
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{url}: index is not valid JSON ({exc})") from exc
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise FormatError(
+            f"{url}: an index needs a \"weight_map\" object of tensor name -> shard file"
+        )
+    for name, shard in weight_map.items():
+        normal = posixpath.normpath(shard)
+        if normal.startswith("../") or normal == ".." or posixpath.isabs(normal):
+            raise FormatError(
+                f"{url}: tensor {name!r} maps to {shard!r}, outside the index's folder"
+            )
+    shards = list(dict.fromkeys(weight_map.values()))
+    metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    return ModelLayout(
+        files=tuple(shards), weight_map=dict(weight_map), metadata=metadata, index=url
+    )
+
+
+async def _read_small(source: Source, url: str) -> bytes:
+    blob = await source.open(url)
+    try:
+        return await blob.read_bytes(0, blob.size)
+    finally:
+        await blob.aclose()
+
+
+async def _from_index(source: Source, url: str) -> ModelLayout:
+    parsed = parse_index(await _read_small(source, url), url)
+    folder = source.parent(url)
+    files = tuple(source.join(folder, name) for name in parsed.files)
+    assert parsed.weight_map is not None
+    by_name = dict(zip(parsed.files, files, strict=True))
+    weight_map = {k: by_name[v] for k, v in parsed.weight_map.items()}
+    return ModelLayout(files=files, weight_map=weight_map, metadata=parsed.metadata, index=url)
+
+
+def _describe_other(names: list[str]) -> str:
+    found = []
+    for name in names:
+        for suffix, kind in _NOT_SUPPORTED.items():
+            if name.endswith(suffix):
+                found.append(f"{name} ({kind})")
+    if not found:
+        return ""
+    return f"; it holds {', '.join(found[:5])}, which aioloader cannot read: use the model's safetensors release"
+
+
+async def resolve_layout(source: Source, url: str) -> ModelLayout:
+    """Find the files behind ``url``: an index, a folder, or a single file.
+
+    A folder with an ``*.safetensors.index.json`` loads exactly the shards the
+    index names (``model.safetensors.index.json`` wins when there are several);
+    otherwise every ``*.safetensors`` file in it, in name order.
+
+    Raises:
+        NotFoundError: the path or the index does not exist.
+        SourceError: a folder with no safetensors files.
+        FormatError: a malformed index.
+    """
+    if url.endswith(INDEX_SUFFIX):
+        return await _from_index(source, url)
+    names = await source.list_dir(url)
+    if names is None:
+        return ModelLayout(files=(url,))
+    indexes = [n for n in names if n.endswith(SAFETENSORS_SUFFIX + INDEX_SUFFIX)]
+    if indexes:
+        chosen = "model.safetensors.index.json"
+        if chosen not in indexes:
+            if len(indexes) > 1:
+                raise FormatError(
+                    f"{url} holds several indexes ({', '.join(indexes)}); pass the one to load"
+                )
+            chosen = indexes[0]
+        return await _from_index(source, source.join(url, chosen))
+    files = [n for n in names if n.endswith(SAFETENSORS_SUFFIX)]
+    if not files:
+        if not names:
+            raise SourceError(f"{url} is an empty folder; expected .safetensors files in it")
+        raise SourceError(
+            f"{url} holds no .safetensors files ({len(names)} other entries)"
+            + _describe_other(names)
+        )
+    return ModelLayout(files=tuple(source.join(url, n) for n in files))

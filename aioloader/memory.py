@@ -1,0 +1,107 @@
+"""How much memory this process may use: the container's limit, else the machine's RAM.
+
+Kubernetes enforces a pod's ``resources.limits.memory`` through the cgroup it puts
+the container in; going over it gets the process OOM-killed with no Python error.
+So the default staging budget is derived from that limit, never from a constant.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["MemoryLimit", "detect_memory_limit"]
+
+# cgroup v1 reports "no limit" as a huge number close to 2**63.
+_V1_UNLIMITED = 1 << 60
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A memory ceiling and where it was read from."""
+
+    bytes: int
+    source: str
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max" or not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value < _V1_UNLIMITED else None
+
+
+def _cgroup_paths(proc_cgroup: str) -> tuple[str | None, str | None]:
+    """Return this process's cgroup v2 path and v1 memory-controller path."""
+    v2 = v1 = None
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hierarchy, controllers, path = parts
+        if hierarchy == "0" and controllers == "":
+            v2 = path
+        elif "memory" in controllers.split(","):
+            v1 = path
+    return v2, v1
+
+
+def _walk_up(root: Path, rel: str, filename: str) -> list[tuple[int, Path]]:
+    """Limits set on the cgroup and on each of its ancestors (the smallest wins)."""
+    found = []
+    current = Path(rel.lstrip("/")) if rel else Path()
+    while True:
+        candidate = root / current / filename
+        value = _read_int(candidate)
+        if value is not None:
+            found.append((value, candidate))
+        if current == Path() or str(current) == ".":
+            break
+        current = current.parent
+    return found
+
+
+def detect_memory_limit(
+    cgroup_root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> MemoryLimit:
+    """Find the memory ceiling that applies to this process.
+
+    Order: cgroup v2 ``memory.max`` (this cgroup and its ancestors), cgroup v1
+    ``memory.limit_in_bytes``, then physical RAM. The smallest limit found wins.
+
+    Returns:
+        The limit in bytes and a human-readable description of where it came from.
+    """
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    candidates: list[tuple[int, str]] = [(physical, "physical RAM")]
+    try:
+        text = proc_cgroup.read_text()
+    except OSError:
+        text = ""
+    v2, v1 = _cgroup_paths(text)
+    if v2 is not None:
+        for value, path in _walk_up(cgroup_root, v2, "memory.max"):
+            candidates.append((value, f"cgroup v2 {path}"))
+    if v1 is not None:
+        for value, path in _walk_up(cgroup_root / "memory", v1, "memory.limit_in_bytes"):
+            candidates.append((value, f"cgroup v1 {path}"))
+    # A container sees its own cgroup as the root of the mount.
+    for value, path in (
+        (_read_int(cgroup_root / "memory.max"), cgroup_root / "memory.max"),
+        (
+            _read_int(cgroup_root / "memory" / "memory.limit_in_bytes"),
+            cgroup_root / "memory" / "memory.limit_in_bytes",
+        ),
+    ):
+        if value is not None:
+            candidates.append((value, f"cgroup {path}"))
+    value, source = min(candidates, key=lambda c: c[0])
+    return MemoryLimit(bytes=value, source=source)

@@ -1,0 +1,65 @@
+"""What a load did, measured: sizes, phases, throughput and the settings used."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .config import format_size
+
+__all__ = ["LoadReport"]
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """The outcome of one load.
+
+    Attributes:
+        url: what was loaded.
+        device: where the tensors were put.
+        files: safetensors files read.
+        tensors: tensors returned.
+        bytes: tensor bytes read.
+        header_seconds: opening files and parsing headers.
+        read_seconds: from the first data read to the last one landing.
+        copy_seconds: time spent moving staged bytes to the device (0 for host
+            memory, whose reads land in place).
+        total_seconds: the whole load, wall clock.
+        peak_staging_bytes: the most bytes in flight and in staging at once.
+        settings: concurrency, chunk_size and memory_limit as used.
+    """
+
+    url: str
+    device: str
+    files: int
+    tensors: int
+    bytes: int
+    header_seconds: float
+    read_seconds: float
+    copy_seconds: float
+    total_seconds: float
+    peak_staging_bytes: int
+    settings: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        """Bytes per second over the whole load."""
+        return self.bytes / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        """One line, starting ``Loading weights took``, for logs and terminals."""
+        s = self.settings
+        return (
+            f"Loading weights took {self.total_seconds:.2f} s: {format_size(self.bytes)} in "
+            f"{self.tensors} tensors from {self.files} file{'s' if self.files != 1 else ''} "
+            f"to {self.device} at {self.throughput / 1e9:.2f} GB/s "
+            f"(header {self.header_seconds:.3f} s, read {self.read_seconds:.2f} s, "
+            f"copy {self.copy_seconds:.2f} s; concurrency={s.get('concurrency')} "
+            f"chunk_size={format_size(s.get('chunk_size', 0))} "
+            f"memory_limit={format_size(s.get('memory_limit', 0))}, "
+            f"peak staging {format_size(self.peak_staging_bytes)}) from {self.url}"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["throughput_bytes_per_second"] = self.throughput
+        return data

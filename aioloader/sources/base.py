@@ -1,0 +1,60 @@
+"""The interface every storage backend implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+__all__ = ["Blob", "Source"]
+
+
+class Blob(ABC):
+    """One open file or object, read by byte range.
+
+    Attributes:
+        url: where it lives, as shown to users.
+        size: its length in bytes, fixed when it was opened.
+    """
+
+    url: str
+    size: int
+
+    @abstractmethod
+    async def read_bytes(self, offset: int, length: int) -> bytes:
+        """Read a small range (headers, index files) into a new ``bytes``."""
+
+    @abstractmethod
+    async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        """Fill ``buffers`` back to back with the bytes starting at ``offset``.
+
+        The hot path: bytes land in the caller's memory without an intermediate
+        copy. Either every buffer is filled or an error is raised.
+        """
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Release the handle; idempotent."""
+
+
+class Source(ABC):
+    """A kind of storage that can list folders and open files."""
+
+    @abstractmethod
+    async def list_dir(self, url: str) -> list[str] | None:
+        """Names in the folder at ``url``, or ``None`` when ``url`` is not a folder."""
+
+    @abstractmethod
+    async def open(self, url: str) -> Blob:
+        """Open the file at ``url`` for range reads."""
+
+    @abstractmethod
+    def join(self, base: str, name: str) -> str:
+        """The URL of ``name`` inside the folder ``base``."""
+
+    @abstractmethod
+    def parent(self, url: str) -> str:
+        """The folder holding ``url``."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Release pools and threads; idempotent."""

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+
+def _reader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("aioloader-read")]
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Every test leaves no reader thread and no file descriptor behind."""
+    fds_before = set(os.listdir("/proc/self/fd"))
+    yield
+    gc.collect()
+    assert _reader_threads() == [], "reader threads left running"
+    leaked = []
+    for fd in set(os.listdir("/proc/self/fd")) - fds_before:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(".safetensors") or target.endswith(".json"):
+            leaked.append(target)
+    assert leaked == [], f"file descriptors left open: {leaked}"

@@ -1,0 +1,233 @@
+"""Bad input: a clear error naming the file and what to do; never a crash or hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aioloader import (
+    AccessDeniedError,
+    ConfigError,
+    FormatError,
+    HeaderError,
+    NotFoundError,
+    SelectionError,
+    SourceError,
+    UnsupportedFormatError,
+    load_model,
+)
+
+from .helpers import random_tensors, write_file, write_raw, write_sharded
+
+T = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+
+
+async def _fails(path: Path | str, error: type[Exception], *words: str) -> str:
+    with pytest.raises(error) as info:
+        await load_model(str(path))
+    message = str(info.value)
+    assert str(path) in message or any(str(path) in str(a) for a in info.value.args), message
+    for word in words:
+        assert word in message, message
+    return message
+
+
+async def test_truncated_data(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "m.safetensors", random_tensors(big=10_000))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)
+    await _fails(path, HeaderError, "truncated", "tensor")
+
+
+async def test_truncated_inside_length(tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(b"\x10\x00\x00")
+    await _fails(path, HeaderError, "too short")
+
+
+async def test_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(b"")
+    await _fails(path, HeaderError, "0 bytes")
+
+
+async def test_header_length_beyond_file(tmp_path: Path) -> None:
+    path = write_raw(tmp_path / "m.safetensors", {"a": T}, b"\0" * 8, length=5000)
+    await _fails(path, HeaderError, "beyond the end")
+
+
+async def test_header_length_absurd(tmp_path: Path) -> None:
+    path = write_raw(tmp_path / "m.safetensors", {"a": T}, b"\0" * 8, length=1 << 40)
+    await _fails(path, HeaderError, "limit")
+
+
+async def test_header_not_json(tmp_path: Path) -> None:
+    path = write_raw(tmp_path / "m.safetensors", b"{not json at all}", b"")
+    await _fails(path, HeaderError, "not valid JSON")
+
+
+async def test_header_not_object(tmp_path: Path) -> None:
+    path = write_raw(tmp_path / "m.safetensors", [1, 2, 3], b"")
+    await _fails(path, HeaderError, "JSON object")
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ({"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}, ("'a'", "needs 8 bytes")),
+        ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, ("'a'", "not ordered")),
+        ({"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, ("'a'", "beyond the end")),
+        ({"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}, ("'a'", "unknown dtype")),
+        ({"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}, ("'a'", "not supported")),
+        ({"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}, ("'a'", "shape")),
+        ({"dtype": "F32", "shape": [2]}, ("'a'", "data_offsets")),
+        ({"shape": [2], "data_offsets": [0, 8]}, ("'a'", "dtype")),
+        ("nonsense", ("'a'", "must be an object")),
+    ],
+)
+async def test_bad_tensor_entry(tmp_path: Path, entry: object, words: tuple[str, ...]) -> None:
+    offsets = entry.get("data_offsets", [0, 8]) if isinstance(entry, dict) else [0, 8]
+    size = 8 if "beyond" in words[1] else max(offsets)
+    path = write_raw(tmp_path / "m.safetensors", {"a": entry}, b"\0" * size)
+    await _fails(path, HeaderError, *words)
+
+
+async def test_overlapping_tensors(tmp_path: Path) -> None:
+    header = {
+        "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+    }
+    path = write_raw(tmp_path / "m.safetensors", header, b"\0" * 12)
+    await _fails(path, HeaderError, "overlaps", "'a'", "'b'")
+
+
+async def test_hole_between_tensors(tmp_path: Path) -> None:
+    header = {
+        "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "b": {"dtype": "F32", "shape": [2], "data_offsets": [12, 20]},
+    }
+    path = write_raw(tmp_path / "m.safetensors", header, b"\0" * 20)
+    await _fails(path, HeaderError, "belong to no tensor")
+
+
+async def test_trailing_bytes(tmp_path: Path) -> None:
+    path = write_raw(tmp_path / "m.safetensors", {"a": T}, b"\0" * 9)
+    await _fails(path, HeaderError, "after the last tensor")
+
+
+async def test_bad_metadata(tmp_path: Path) -> None:
+    path = write_raw(tmp_path / "m.safetensors", {"__metadata__": {"x": 1}, "a": T}, b"\0" * 8)
+    await _fails(path, HeaderError, "__metadata__")
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"PK\x03\x04" + b"\0" * 100, ("zip archive", "pytorch_model.bin")),
+        (b"\x80\x02}q\x00" + b"\0" * 100, ("pickle",)),
+        (b"GGUF\x03\x00\x00\x00" + b"\0" * 100, ("GGUF",)),
+        (
+            b"version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n",
+            ("Git LFS pointer", "git lfs pull"),
+        ),
+        (b"<!DOCTYPE html><html>Access denied</html>" + b" " * 100, ("HTML",)),
+    ],
+    ids=["torch-zip", "pickle", "gguf", "lfs-pointer", "html"],
+)
+async def test_not_safetensors(tmp_path: Path, content: bytes, words: tuple[str, ...]) -> None:
+    path = tmp_path / "pytorch_model.safetensors"
+    path.write_bytes(content)
+    await _fails(path, UnsupportedFormatError, "not safetensors", *words)
+
+
+async def test_missing_path(tmp_path: Path) -> None:
+    await _fails(tmp_path / "nope.safetensors", NotFoundError, "does not exist")
+
+
+async def test_empty_folder(tmp_path: Path) -> None:
+    await _fails(tmp_path, SourceError, "empty folder")
+
+
+async def test_folder_with_only_bin(tmp_path: Path) -> None:
+    (tmp_path / "pytorch_model.bin").write_bytes(b"PK\x03\x04")
+    await _fails(tmp_path, SourceError, "no .safetensors", "pytorch_model.bin", "PyTorch pickle")
+
+
+async def test_missing_shard(tmp_path: Path) -> None:
+    index = write_sharded(tmp_path, random_tensors(count=9), shards=3)
+    (tmp_path / "model-00002-of-00003.safetensors").unlink()
+    message = await _fails(index, NotFoundError, "model-00002-of-00003.safetensors")
+    assert "download the complete model" in message
+
+
+async def test_index_points_to_wrong_shard(tmp_path: Path) -> None:
+    index = write_sharded(tmp_path, random_tensors(count=9), shards=3)
+    doc = json.loads(index.read_text())
+    name = sorted(doc["weight_map"])[0]
+    doc["weight_map"][name] = "model-00003-of-00003.safetensors"
+    index.write_text(json.dumps(doc))
+    await _fails(index, FormatError, name, "different versions")
+
+
+async def test_index_not_json(tmp_path: Path) -> None:
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text("{")
+    await _fails(index, FormatError, "not valid JSON")
+
+
+async def test_index_escaping_folder(tmp_path: Path) -> None:
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a": "../../etc/passwd"}}))
+    await _fails(index, FormatError, "outside")
+
+
+async def test_duplicate_tensor_across_files(tmp_path: Path) -> None:
+    write_file(tmp_path / "a.safetensors", {"x": torch.ones(2)})
+    write_file(tmp_path / "b.safetensors", {"x": torch.ones(2)})
+    await _fails(tmp_path, FormatError, "'x'", "a.safetensors", "b.safetensors")
+
+
+async def test_unknown_tensor_selected(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "m.safetensors", random_tensors(count=3))
+    with pytest.raises(SelectionError) as info:
+        await load_model(str(path), tensors=["layer.1.wieght"])
+    assert "did you mean 'layer.1.weight'" in str(info.value)
+
+
+async def test_unsupported_scheme() -> None:
+    with pytest.raises(ConfigError, match="gopher"):
+        await load_model("gopher://host/model.safetensors")
+
+
+async def test_unsupported_device() -> None:
+    with pytest.raises(ConfigError, match="tpu"):
+        await load_model("/nonexistent", device="tpu")
+
+
+def test_permission_denied(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "m.safetensors", random_tensors(count=2))
+    path.chmod(0)
+    tmp_path.chmod(0o755)
+    # root ignores file modes, so check as an unprivileged user when we are root.
+    code = (
+        "import asyncio, os, sys\n"
+        "import aioloader, aioloader.cli, torch, numpy\n"
+        "if os.getuid() == 0:\n"
+        "    os.setgid(65534); os.setuid(65534)\n"
+        "try:\n"
+        f"    asyncio.run(aioloader.load_model({str(path)!r}))\n"
+        "except aioloader.AccessDeniedError as exc:\n"
+        "    print('DENIED', exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "DENIED" in out.stdout, out.stdout + out.stderr
+    assert str(path) in out.stdout and "read access" in out.stdout
+    assert issubclass(AccessDeniedError, PermissionError)
