@@ -43,6 +43,8 @@ Emit = Callable[[str, Any], None]
 
 # One read at the start of each file usually holds the whole header.
 _HEADER_PROBE = 64 * 1024
+# Longest stretch the loop spends allocating tensors before letting others run.
+_ALLOCATION_SLICE = 0.002
 # Headers above this size are parsed off the event loop.
 _PARSE_INLINE = 256 * 1024
 
@@ -208,23 +210,26 @@ async def run_load(
         progress.bytes_total = sum(t.nbytes for t in chosen)
         header_done = time.perf_counter()
 
+        # Memory for every tensor is reserved before the first read: an mmap()
+        # while readers are faulting pages in waits for the address-space lock,
+        # and on the event loop that wait would stall everything else.
         allocations: dict[str, Allocation] = {}
+        slice_started = time.perf_counter()
+        for tensor in chosen:
+            allocations[tensor.name] = device.allocate(tensor)
+            if time.perf_counter() - slice_started > _ALLOCATION_SLICE:
+                await asyncio.sleep(0)  # thousands of tensors: let others run
+                slice_started = time.perf_counter()
         remaining: dict[str, int] = {}
         for tensor in chosen:
             if tensor.nbytes == 0:
-                emit(tensor.name, device.allocate(tensor).result())
+                emit(tensor.name, allocations.pop(tensor.name).result())
                 progress.tensors_done += 1
             else:
                 remaining[tensor.name] = tensor.nbytes
 
         def allocations_for(read: Read) -> list[Allocation]:
-            out = []
-            for piece in read.pieces:
-                allocation = allocations.get(piece.tensor.name)
-                if allocation is None:
-                    allocation = allocations[piece.tensor.name] = device.allocate(piece.tensor)
-                out.append(allocation)
-            return out
+            return [allocations[piece.tensor.name] for piece in read.pieces]
 
         queue: asyncio.Queue[tuple[Read, list[Allocation], list[memoryview]]] = asyncio.Queue()
         pending = iter(reads)

@@ -51,20 +51,27 @@ def torch_dtype(dtype: str, *, tensor: str = "") -> Any:
 
 
 class HostAllocation(Allocation):
-    __slots__ = ("info", "array", "view")
+    """A tensor's final memory, with a writable byte view for the readers."""
+
+    __slots__ = ("info", "tensor", "view")
 
     def __init__(self, info: TensorInfo) -> None:
-        self.info = info
-        self.array = np.empty(info.nbytes, dtype=np.uint8)
-        self.view = memoryview(self.array)
-
-    def result(self) -> Any:
         import torch
 
-        dtype = torch_dtype(self.info.dtype, tensor=self.info.name)
-        if self.info.nbytes == 0:
-            return torch.empty(self.info.shape, dtype=dtype)
-        return torch.from_numpy(self.array).view(dtype).reshape(self.info.shape)
+        self.info = info
+        dtype = torch_dtype(info.dtype, tensor=info.name)
+        if info.nbytes == 0:
+            self.tensor = torch.empty(info.shape, dtype=dtype)
+            self.view = memoryview(b"")
+            return
+        array = np.empty(info.nbytes, dtype=np.uint8)
+        # Build the tensor now, before reads start: torch calls made while the
+        # readers keep both CPUs busy were measured stalling the event loop.
+        self.tensor = torch.from_numpy(array).view(dtype).reshape(info.shape)
+        self.view = memoryview(array)
+
+    def result(self) -> Any:
+        return self.tensor
 
 
 class CpuDevice(Device):
@@ -80,7 +87,6 @@ class CpuDevice(Device):
         return "<CpuDevice>"
 
     def allocate(self, info: TensorInfo) -> HostAllocation:
-        torch_dtype(info.dtype, tensor=info.name)  # fail before reading, not after
         return HostAllocation(info)
 
     def staging(self, read: Read, allocations: Sequence[Allocation]) -> list[memoryview]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -133,6 +134,8 @@ class FileSource(Source):
             max_workers=threads, thread_name_prefix="aioloader-read"
         )
         self._threads = threads
+        self._started = False
+        self._starter: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return f"<FileSource threads={self._threads} open={self._executor is not None}>"
@@ -140,7 +143,39 @@ class FileSource(Source):
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
             raise ClosedError("this FileSource is closed")
+        if not self._started:
+            self._started = True
+            self._start_threads(self._executor)
         return self._executor
+
+    def _start_threads(self, executor: ThreadPoolExecutor) -> None:
+        """Start every reader thread now, before any data is read, off the event loop.
+
+        The pool would otherwise start threads on demand in the middle of a load,
+        and each start waits until the new thread has run: on a busy machine that
+        wait stalled the event loop for tens of milliseconds. A short-lived helper
+        thread fills the pool instead, all threads meeting at a barrier so that
+        none is reused before the last has started.
+        """
+        count = self._threads
+        barrier = threading.Barrier(count, timeout=30)
+
+        def rendezvous() -> None:
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                pass
+
+        def fill() -> None:
+            for _ in range(count):
+                try:
+                    executor.submit(rendezvous)
+                except RuntimeError:  # shut down meanwhile
+                    barrier.abort()
+                    return
+
+        self._starter = threading.Thread(target=fill, name="aioloader-start", daemon=True)
+        self._starter.start()
 
     async def list_dir(self, url: str) -> list[str] | None:
         path = to_path(url)
@@ -172,6 +207,8 @@ class FileSource(Source):
 
     async def aclose(self) -> None:
         executor, self._executor = self._executor, None
+        if self._starter is not None:
+            self._starter.join()
         if executor is not None:
             # Every read has returned by now (run_blocking waits for its thread),
             # so the workers are idle and joining them is immediate.

@@ -1,0 +1,91 @@
+"""Cancellation and mid-load failures release every thread, descriptor and budget byte."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from aioloader import Loader, ReadError
+
+from .helpers import write_file
+
+
+@pytest.fixture(scope="module")
+def medium(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("medium")
+    tensors = {f"t{i}": torch.full((1 << 20,), float(i)) for i in range(16)}  # 64 MiB
+    return write_file(folder / "m.safetensors", tensors)
+
+
+@pytest.mark.parametrize("ticks", [0, 1, 2, 3, 5, 8, 13, 21, 34, 55])
+async def test_cancel_at_any_point(medium: Path, ticks: int) -> None:
+    async with Loader(chunk_size="256KiB", concurrency=4, memory_limit="2MiB") as loader:
+
+        async def consume() -> None:
+            async with loader.stream(str(medium)) as stream:
+                async for _ in stream:
+                    pass
+
+        task = asyncio.create_task(consume())
+        for _ in range(ticks):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        stats = loader.statistics()
+        assert stats["budget"].used == 0 and stats["budget"].waiting == 0
+        assert stats["streams"] == 0
+    # The autouse fixture checks that no reader thread or descriptor is left.
+
+
+async def test_leaving_a_stream_early_stops_the_readers(medium: Path) -> None:
+    async with Loader(chunk_size="256KiB", concurrency=4, memory_limit="2MiB") as loader:
+        async with loader.stream(str(medium)) as stream:
+            async for _ in stream:
+                break
+        assert loader.statistics()["budget"].used == 0
+        assert stream.statistics().tensors_done < 16
+
+
+async def test_loader_close_stops_open_streams(medium: Path) -> None:
+    loader = Loader(chunk_size="256KiB", concurrency=2)
+    stream = loader.stream(str(medium))
+    await stream.__anext__()
+    await loader.aclose()
+    assert loader.statistics()["budget"].used == 0
+
+
+async def test_file_shrinking_mid_load_names_file_tensor_and_range(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "m.safetensors", {f"t{i}": torch.ones(1 << 18) for i in range(8)})
+    async with Loader(chunk_size="64KiB", concurrency=1, memory_limit="1MiB") as loader:
+        with pytest.raises(ReadError) as info:
+            async with loader.stream(str(path)) as stream:
+                async for _ in stream:
+                    os.truncate(path, 4096)
+        assert loader.statistics()["budget"].used == 0
+    message = str(info.value)
+    assert str(path) in message and "shrank" in message
+    assert "tensor 't" in message and "bytes [" in message
+    assert info.value.url == str(path) and info.value.end > info.value.start
+
+
+def test_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "m.safetensors", {"w": torch.zeros(1 << 24)})  # 64 MiB
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aioloader", "load", str(path), "--chunk-size", "4KiB",
+         "--concurrency", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "interrupted" in err and "Traceback" not in err
