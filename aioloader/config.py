@@ -93,7 +93,8 @@ class Limits:
             budget = parse_size(self.memory_limit, what="memory_limit")
             if budget < MIN_MEMORY_LIMIT:
                 raise ConfigError(
-                    f"memory_limit must be at least {format_size(MIN_MEMORY_LIMIT)}, got {budget} bytes"
+                    f"memory_limit must be at least {format_size(MIN_MEMORY_LIMIT)}, "
+                    f"got {budget} bytes"
                 )
             if budget >= allowed:
                 raise ConfigError(

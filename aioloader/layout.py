@@ -66,7 +66,7 @@ def parse_index(raw: bytes, url: str) -> ModelLayout:
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
     ):
         raise FormatError(
-            f"{url}: an index needs a \"weight_map\" object of tensor name -> shard file"
+            f'{url}: an index needs a "weight_map" object of tensor name -> shard file'
         )
     for name, shard in weight_map.items():
         normal = posixpath.normpath(shard)
@@ -107,7 +107,10 @@ def _describe_other(names: list[str]) -> str:
                 found.append(f"{name} ({kind})")
     if not found:
         return ""
-    return f"; it holds {', '.join(found[:5])}, which aioloader cannot read: use the model's safetensors release"
+    return (
+        f"; it holds {', '.join(found[:5])}, which aioloader cannot read: "
+        "use the model's safetensors release"
+    )
 
 
 async def resolve_layout(source: Source, url: str) -> ModelLayout:

@@ -94,14 +94,9 @@ def detect_memory_limit(
         for value, path in _walk_up(cgroup_root / "memory", v1, "memory.limit_in_bytes"):
             candidates.append((value, f"cgroup v1 {path}"))
     # A container sees its own cgroup as the root of the mount.
-    for value, path in (
-        (_read_int(cgroup_root / "memory.max"), cgroup_root / "memory.max"),
-        (
-            _read_int(cgroup_root / "memory" / "memory.limit_in_bytes"),
-            cgroup_root / "memory" / "memory.limit_in_bytes",
-        ),
-    ):
-        if value is not None:
-            candidates.append((value, f"cgroup {path}"))
+    for path in (cgroup_root / "memory.max", cgroup_root / "memory" / "memory.limit_in_bytes"):
+        limit = _read_int(path)
+        if limit is not None:
+            candidates.append((limit, f"cgroup {path}"))
     value, source = min(candidates, key=lambda c: c[0])
     return MemoryLimit(bytes=value, source=source)

@@ -252,7 +252,9 @@ async def run_load(
                     except ReadError as exc:
                         raise ReadError(
                             f"{exc}; while loading {read.describe()}",
-                            url=read.url, start=read.start, end=read.end,
+                            url=read.url,
+                            start=read.start,
+                            end=read.end,
                             tensors=tuple(p.tensor.name for p in read.pieces),
                         ) from exc
                     queue.put_nowait((read, targets, buffers))

@@ -165,7 +165,9 @@ def _parse_shape(url: str, name: str, value: Any) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
     ):
-        raise _fail(url, f"tensor {name!r}: shape must be a list of non-negative ints, got {value!r}")
+        raise _fail(
+            url, f"tensor {name!r}: shape must be a list of non-negative ints, got {value!r}"
+        )
     return tuple(value)
 
 
@@ -216,7 +218,8 @@ def parse_header(raw: bytes, url: str, file_size: int) -> FileHeader:
                 )
             raise _fail(
                 url,
-                f"tensor {name!r}: unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_SIZES))}",
+                f"tensor {name!r}: unknown dtype {dtype!r}; "
+                f"known: {', '.join(sorted(DTYPE_SIZES))}",
             )
         shape = _parse_shape(url, name, entry.get("shape"))
         offsets = entry.get("data_offsets")

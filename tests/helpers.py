@@ -47,8 +47,10 @@ def random_tensors(seed: int = 0, count: int = 12, big: int = 0) -> dict[str, to
     for i in range(count):
         dtype = dtypes[i % len(dtypes)]
         shape = (1 + (i * 7) % 13, 1 + (i * 5) % 17)
-        t = torch.randint(-100, 100, shape, generator=gen) if not dtype.is_floating_point else (
-            torch.randn(shape, generator=gen)
+        t = (
+            torch.randint(-100, 100, shape, generator=gen)
+            if not dtype.is_floating_point
+            else (torch.randn(shape, generator=gen))
         )
         if dtype == torch.uint8:
             t = t.abs()
@@ -58,7 +60,9 @@ def random_tensors(seed: int = 0, count: int = 12, big: int = 0) -> dict[str, to
     return out
 
 
-def write_file(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> Path:
+def write_file(
+    path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(dict(tensors), str(path), metadata=metadata)
     return path

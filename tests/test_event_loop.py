@@ -48,5 +48,7 @@ async def test_loop_never_stalls_during_a_load(tmp_path: Path) -> None:
     await probe_task
     assert_matches_files(got, path)
     assert ticks > 5, "the probe must have run during the load"
-    print(f"worst stall {worst*1000:.1f} ms over {elapsed:.2f} s")
-    assert worst < MAX_STALL, f"event loop stalled {worst * 1000:.1f} ms during a {elapsed:.2f} s load"
+    print(f"worst stall {worst * 1000:.1f} ms over {elapsed:.2f} s")
+    assert worst < MAX_STALL, (
+        f"event loop stalled {worst * 1000:.1f} ms during a {elapsed:.2f} s load"
+    )

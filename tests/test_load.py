@@ -94,12 +94,13 @@ async def test_select_by_names_reads_only_those(tmp_path: Path) -> None:
     tensors = random_tensors(count=20)
     path = write_file(tmp_path / "m.safetensors", tensors)
     wanted = ["layer.3.weight", "layer.7.weight", "layer.8.weight"]
-    async with Loader() as loader:
-        async with loader.stream(str(path), tensors=wanted) as stream:
-            got = {name: t async for name, t in stream}
+    async with Loader() as loader, loader.stream(str(path), tensors=wanted) as stream:
+        got = {name: t async for name, t in stream}
     assert sorted(got) == wanted
     assert stream.report is not None
-    assert stream.report.bytes == sum(tensors[n].numel() * tensors[n].element_size() for n in wanted)
+    assert stream.report.bytes == sum(
+        tensors[n].numel() * tensors[n].element_size() for n in wanted
+    )
     reference = load_file(str(path))
     assert_same(got, {n: reference[n] for n in wanted})
 
@@ -116,7 +117,7 @@ async def test_stream_yields_as_tensors_complete(tmp_path: Path) -> None:
     seen = []
     async with Loader(chunk_size=4096, concurrency=2) as loader:
         async with loader.stream(str(path)) as stream:
-            async for name, tensor in stream:
+            async for name, _tensor in stream:
                 stats = stream.statistics()
                 assert stats.tensors_done >= len(seen) + 1
                 seen.append(name)

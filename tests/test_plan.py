@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -44,7 +45,7 @@ def _coverage(headers: list[FileHeader], selected: set[str] | None, read_size: i
                 continue
             spans = sorted(filled[key])
             assert spans[0][0] == tensor.start and spans[-1][1] == tensor.end
-            for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False):
+            for (_, a_end), (b_start, _) in itertools.pairwise(spans):
                 assert a_end == b_start, "no gap, no overlap"
 
 
@@ -52,7 +53,9 @@ def _coverage(headers: list[FileHeader], selected: set[str] | None, read_size: i
 def test_random_layouts(seed: int) -> None:
     rng = random.Random(seed)
     headers = [
-        _header([rng.choice([0, 1, 7, 100, 4096, 70_000]) for _ in range(rng.randint(1, 40))], f"f{i}")
+        _header(
+            [rng.choice([0, 1, 7, 100, 4096, 70_000]) for _ in range(rng.randint(1, 40))], f"f{i}"
+        )
         for i in range(rng.randint(1, 3))
     ]
     names = {t.name for h in headers for t in h.tensors}

@@ -68,7 +68,7 @@ class HostAllocation(Allocation):
         # Build the tensor now, before reads start: torch calls made while the
         # readers keep both CPUs busy were measured stalling the event loop.
         self.tensor = torch.from_numpy(array).view(dtype).reshape(info.shape)
-        self.view = memoryview(array)
+        self.view = memoryview(array)  # type: ignore[arg-type]
 
     def result(self) -> Any:
         return self.tensor

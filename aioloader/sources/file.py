@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -72,13 +73,17 @@ class FileBlob(Blob):
             raise ReadError(
                 f"{self.url} ended at byte {exc.args[0]} while reading [{offset}, {end}); the "
                 "file shrank during the load (was it being rewritten?)",
-                url=self.url, start=offset, end=end,
+                url=self.url,
+                start=offset,
+                end=end,
             ) from exc
         except OSError as exc:
             end = offset + sum(b.nbytes for b in buffers)
             raise ReadError(
                 f"reading {self.url} bytes [{offset}, {end}) failed: {exc}",
-                url=self.url, start=offset, end=end,
+                url=self.url,
+                start=offset,
+                end=end,
             ) from exc
 
     async def aclose(self) -> None:
@@ -161,10 +166,8 @@ class FileSource(Source):
         barrier = threading.Barrier(count, timeout=30)
 
         def rendezvous() -> None:
-            try:
+            with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait()
-            except threading.BrokenBarrierError:
-                pass
 
         def fill() -> None:
             for _ in range(count):

@@ -1,0 +1,101 @@
+"""Memory limits: derived from the container, refused above it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aioloader import ConfigError, Limits
+from aioloader.config import parse_size
+from aioloader.memory import MemoryLimit, detect_memory_limit
+
+GiB = 1 << 30
+
+
+def _tree(tmp_path: Path, files: dict[str, str], proc: str) -> tuple[Path, Path]:
+    root = tmp_path / "cgroup"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    proc_file = tmp_path / "proc_cgroup"
+    proc_file.write_text(proc)
+    return root, proc_file
+
+
+def test_cgroup_v2_limit(tmp_path: Path) -> None:
+    root, proc = _tree(
+        tmp_path, {"kubepods/pod1/memory.max": f"{GiB // 2}\n"}, "0::/kubepods/pod1\n"
+    )
+    found = detect_memory_limit(root, proc)
+    assert found.bytes == GiB // 2
+    assert "cgroup v2" in found.source and "pod1/memory.max" in found.source
+
+
+def test_cgroup_v2_parent_limit_wins(tmp_path: Path) -> None:
+    root, proc = _tree(
+        tmp_path,
+        {"kubepods/memory.max": "1073741824", "kubepods/pod1/memory.max": "max"},
+        "0::/kubepods/pod1\n",
+    )
+    found = detect_memory_limit(root, proc)
+    assert found.bytes == GiB and "kubepods/memory.max" in found.source
+
+
+def test_cgroup_v1_limit(tmp_path: Path) -> None:
+    root, proc = _tree(
+        tmp_path,
+        {"memory/docker/abc/memory.limit_in_bytes": str(2 * GiB)},
+        "12:memory:/docker/abc\n11:cpu,cpuacct:/docker/abc\n",
+    )
+    found = detect_memory_limit(root, proc)
+    assert found.bytes == 2 * GiB and "cgroup v1" in found.source
+
+
+def test_v1_unlimited_falls_back_to_ram(tmp_path: Path) -> None:
+    root, proc = _tree(
+        tmp_path, {"memory/memory.limit_in_bytes": str(2**63 - 4096)}, "5:memory:/\n"
+    )
+    assert detect_memory_limit(root, proc).source == "physical RAM"
+
+
+def test_default_budget_is_a_fraction_of_the_container() -> None:
+    limits = Limits(_container=MemoryLimit(4 * GiB, "test"))
+    assert limits.staging_bytes == 4 * GiB // 8
+    big = Limits(_container=MemoryLimit(512 * GiB, "test"))
+    assert big.staging_bytes == 2 * GiB
+
+
+def test_limit_above_container_is_refused() -> None:
+    # The article's failure: a 40 GB buffer in a 32 GiB container gets OOM-killed.
+    with pytest.raises(ConfigError) as info:
+        Limits(memory_limit="40GB", _container=MemoryLimit(32 * GiB, "cgroup v2 /x/memory.max"))
+    message = str(info.value)
+    assert "OOM" in message and "/x/memory.max" in message and "memory_limit=" in message
+
+
+def test_explicit_limit_below_container_is_kept() -> None:
+    limits = Limits(memory_limit="16GiB", _container=MemoryLimit(32 * GiB, "test"))
+    assert limits.staging_bytes == 16 * GiB
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("4096", 4096), ("16MiB", 16 << 20), ("2G", 2 * 10**9), ("1.5GiB", int(1.5 * GiB)), (7, 7)],
+)
+def test_parse_size(text: str | int, value: int) -> None:
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1", "16 parsecs"])
+def test_parse_size_rejects(bad: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_size(bad)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"concurrency": 0}, {"concurrency": 5000}, {"chunk_size": 100}, {"memory_limit": 10}]
+)
+def test_bad_limits(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        Limits(**kwargs)  # type: ignore[arg-type]
