@@ -214,10 +214,13 @@ def test_permission_denied(tmp_path: Path) -> None:
     path = write_file(tmp_path / "m.safetensors", random_tensors(count=2))
     path.chmod(0)
     tmp_path.chmod(0o755)
-    # root ignores file modes, so check as an unprivileged user when we are root.
+    # root ignores file modes, so check as an unprivileged user when we are root
+    # (importing everything first: the checkout may not be readable to that user).
     code = (
-        "import asyncio, os, sys\n"
-        "import aioloader, aioloader.cli, torch, numpy\n"
+        "import asyncio, importlib, os, pkgutil, sys\n"
+        "import aioloader, torch, numpy\n"
+        "for m in pkgutil.walk_packages(aioloader.__path__, 'aioloader.'):\n"
+        "    if not m.name.endswith('__main__'): importlib.import_module(m.name)\n"
         "if os.getuid() == 0:\n"
         "    os.setgid(65534); os.setuid(65534)\n"
         "try:\n"
