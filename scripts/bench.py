@@ -1,0 +1,928 @@
+"""Benchmark aioloader against other ways of getting safetensors weights into memory.
+
+What is measured
+----------------
+The wall-clock time to turn a checkpoint on local disk into tensors that sit in
+host memory owned by the caller, and the peak resident memory it took. Speeds
+are in GB/s (10**9 bytes of tensor data per second); memory is in GiB.
+
+Tools (each is one way of doing the same job):
+
+* ``aioloader``   -- ``aioloader.load_model(path)`` under uvloop when it is installed.
+* ``safetensors`` -- ``safetensors.torch.load_file`` on every shard, each tensor
+  cloned out of the file mapping it returns (see ``_prepare_safetensors``).
+* ``runai``       -- runai-model-streamer's ``SafetensorsStreamer``.
+* ``preadv``      -- the reference for a warm cache: two threads doing ``os.preadv``
+  of 8 MiB into one fresh numpy array, with no parsing at all.
+* ``fio``         -- the reference for a cold cache: one sequential ``fio`` job
+  (libaio, queue depth 32, O_DIRECT) over the same files; cold scenarios only,
+  since warm it would only measure fio's own buffers.
+* ``safetensors-pread`` -- on request only: ``load_file(..., backend="pread")``.
+
+The two references are called the "ceiling" in the tables. They are simple,
+not optimal: a loader with more reads in flight can beat them, and a ratio
+above 1 says so rather than that something is wrong.
+
+Scenarios: a Llama-shaped sharded model and a file holding a single 2 GiB
+tensor, each with the files in the page cache (``*-warm``) and evicted from
+it before every run (``*-cold``).
+
+Why it is built this way
+------------------------
+* Every run is a fresh subprocess (``--worker TOOL PATH``), so the peak RSS
+  is that tool's alone and no tool inherits another's allocator state.
+* torch and the tool's own modules are imported before the clock starts;
+  importing torch takes seconds and is not load time.
+* The VMs this runs on hand freed memory back to their host, and memory
+  touched for the first time then fills at about 1 GB/s. Each worker therefore
+  touches and frees a buffer the size of the data just before the clock
+  starts, identically for every tool, and resets its peak-RSS counter after.
+* Tools are interleaved (for each repetition, every tool once, starting one
+  tool later each time) so that drift over the session and the aftermath of
+  the previous run hit them all alike; the median and the best are reported.
+* The cold cache is made with ``posix_fadvise(POSIX_FADV_DONTNEED)`` per file
+  (dropping the system's caches would need root and disturb the whole
+  machine), checked with ``fincore`` when util-linux provides it.
+
+Usage::
+
+    python scripts/bench.py                    # 3 GiB model, 3 repetitions, every scenario
+    python scripts/bench.py --quick            # smoke run: 1 GiB model, 1 repetition
+    python scripts/bench.py --scenarios model-warm --tools aioloader preadv --json out.json
+
+Test data is generated once into ``--out`` (default ``bench-data/``, ignored by
+git) and reused while its files have the expected sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+GB = 10**9
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ("aioloader", "safetensors", "runai", "preadv", "fio")  # the default set
+EXTRA_TOOLS = ("safetensors-pread",)  # on request, with --tools
+SCENARIOS = ("model-warm", "one-tensor-warm", "model-cold", "one-tensor-cold")
+COLD_ONLY_TOOLS = frozenset({"fio"})
+
+SHARDS = 4
+ONE_TENSOR_SHAPE = (32768, 32768)  # BF16: 2 GiB
+FILL_BLOCK = 64 * MiB
+VOCAB = 32000
+BF16 = 2  # bytes per element
+
+PREADV_THREADS = 2
+PREADV_CHUNK = 8 * MiB
+# O_DIRECT: libaio submits buffered reads synchronously, so --direct=0 never
+# has 32 reads in flight and is bounded by readahead and page-cache copies.
+# --direct=1 keeps the queue full; on the virtio disk of the VM this was
+# written on it read 0.85-1.4 GB/s where --direct=0 read 0.5-0.7 GB/s. What
+# the device can deliver is what a ceiling is.
+FIO_DIRECT = 1
+WORKER_TIMEOUT = 1800
+RUNAI_DEFAULT_LIMIT = 40 * GB  # runai-model-streamer's own default for RUNAI_STREAMER_MEMORY_LIMIT
+
+
+# --------------------------------------------------------------------------- test data
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * BF16
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    path: Path
+    tensors: tuple[TensorSpec, ...]
+
+    @property
+    def header(self) -> bytes:
+        return safetensors_header(self.tensors)
+
+    @property
+    def data_size(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + self.data_size
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A checkpoint on disk: ``target`` is what the loaders are pointed at."""
+
+    name: str
+    target: Path
+    files: tuple[FilePlan, ...]
+
+    @property
+    def paths(self) -> list[Path]:
+        return [f.path for f in self.files]
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(f.data_size for f in self.files)
+
+
+def llama_intermediate(hidden: int) -> int:
+    """The MLP width Llama derives from the hidden size (8/3 h, rounded up to 256)."""
+    return 256 * math.ceil(int(8 * hidden / 3) / 256)
+
+
+def llama_layer(i: int, hidden: int) -> list[TensorSpec]:
+    inter = llama_intermediate(hidden)
+    p = f"model.layers.{i}"
+    return [
+        TensorSpec(f"{p}.input_layernorm.weight", (hidden,)),
+        TensorSpec(f"{p}.self_attn.q_proj.weight", (hidden, hidden)),
+        TensorSpec(f"{p}.self_attn.k_proj.weight", (hidden, hidden)),
+        TensorSpec(f"{p}.self_attn.v_proj.weight", (hidden, hidden)),
+        TensorSpec(f"{p}.self_attn.o_proj.weight", (hidden, hidden)),
+        TensorSpec(f"{p}.post_attention_layernorm.weight", (hidden,)),
+        TensorSpec(f"{p}.mlp.gate_proj.weight", (inter, hidden)),
+        TensorSpec(f"{p}.mlp.up_proj.weight", (inter, hidden)),
+        TensorSpec(f"{p}.mlp.down_proj.weight", (hidden, inter)),
+    ]
+
+
+def llama_shape(size: int) -> tuple[int, int]:
+    """(hidden, layers) of a Llama of about ``size`` bytes: the widest with 16+ layers."""
+    for hidden in (8192, 5120, 4096, 3072, 2048, 1024, 512):
+        fixed = 2 * VOCAB * hidden * BF16 + hidden * BF16  # embed_tokens, lm_head, norm
+        per_layer = sum(t.nbytes for t in llama_layer(0, hidden))
+        layers = max(1, round((size - fixed) / per_layer))
+        if layers >= 16:
+            break
+    return hidden, layers
+
+
+def llama_tensors(size: int) -> list[TensorSpec]:
+    hidden, layers = llama_shape(size)
+    tensors = [TensorSpec("model.embed_tokens.weight", (VOCAB, hidden))]
+    for i in range(layers):
+        tensors += llama_layer(i, hidden)
+    tensors.append(TensorSpec("model.norm.weight", (hidden,)))
+    tensors.append(TensorSpec("lm_head.weight", (VOCAB, hidden)))
+    return tensors
+
+
+def split_shards(tensors: Sequence[TensorSpec], count: int) -> list[list[TensorSpec]]:
+    """Consecutive groups of about equal bytes, in order; none empty."""
+    total = sum(t.nbytes for t in tensors)
+    shards: list[list[TensorSpec]] = [[] for _ in range(count)]
+    done = 0
+    for t in tensors:
+        shards[min(count - 1, done * count // total)].append(t)
+        done += t.nbytes
+    return [s for s in shards if s]
+
+
+def safetensors_header(tensors: Sequence[TensorSpec]) -> bytes:
+    """The 8-byte length, then the JSON header padded to 8 bytes, tensors back to back."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for t in tensors:
+        header[t.name] = {
+            "dtype": "BF16",
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + t.nbytes],
+        }
+        offset += t.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def model_dataset(out: Path, size_gib: float) -> Dataset:
+    folder = out / f"llama-{size_gib:g}gib"
+    shards = split_shards(llama_tensors(int(size_gib * GiB)), SHARDS)
+    files = tuple(
+        FilePlan(folder / f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors", tuple(s))
+        for i, s in enumerate(shards)
+    )
+    return Dataset("model", folder, files)
+
+
+def one_tensor_dataset(out: Path) -> Dataset:
+    path = out / "one-tensor" / "model.safetensors"
+    plan = FilePlan(path, (TensorSpec("weight", ONE_TENSOR_SHAPE),))
+    return Dataset("one-tensor", path, (plan,))
+
+
+def index_json(dataset: Dataset) -> dict[str, Any]:
+    weight_map = {t.name: f.path.name for f in dataset.files for t in f.tensors}
+    return {"metadata": {"total_size": dataset.tensor_bytes}, "weight_map": weight_map}
+
+
+def is_complete(dataset: Dataset) -> bool:
+    return all(f.path.is_file() and f.path.stat().st_size == f.size for f in dataset.files)
+
+
+def filler(size: int, block: bytes) -> Iterator[memoryview]:
+    """``size`` bytes of ``block`` repeated, rotated on each pass so no two 4 KiB pages repeat."""
+    view = memoryview(block)
+    rotation = 0
+    while size > 0:
+        start = rotation % len(view)
+        for piece in (view[start:], view[:start]):
+            piece = piece[:size]
+            size -= len(piece)
+            if piece:
+                yield piece
+        rotation += 1_000_003
+
+
+def write_safetensors(plan: FilePlan, block: bytes) -> None:
+    """Stream the file to disk (never whole in memory), fsync it, then move it into place."""
+    plan.path.parent.mkdir(parents=True, exist_ok=True)
+    unfinished = plan.path.with_name(plan.path.name + ".partial")
+    with open(unfinished, "wb") as f:
+        f.write(plan.header)
+        for piece in filler(plan.data_size, block):
+            f.write(piece)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(unfinished, plan.path)
+
+
+def ensure_dataset(dataset: Dataset, block: Callable[[], bytes]) -> None:
+    if is_complete(dataset):
+        print(f"  {dataset.target}: present, reused")
+        return
+    start = time.perf_counter()
+    for plan in dataset.files:
+        write_safetensors(plan, block())
+    if dataset.target.is_dir():
+        index = dataset.target / "model.safetensors.index.json"
+        index.write_text(json.dumps(index_json(dataset), indent=2) + "\n")
+    size = sum(f.size for f in dataset.files)
+    print(f"  {dataset.target}: wrote {size / GiB:.2f} GiB in {time.perf_counter() - start:.1f}s")
+
+
+def prepare_data(out: Path, size_gib: float, names: set[str]) -> dict[str, Dataset]:
+    datasets = {"model": model_dataset(out, size_gib), "one-tensor": one_tensor_dataset(out)}
+    cache: list[bytes] = []
+
+    def block() -> bytes:
+        if not cache:
+            cache.append(random.Random(0).randbytes(FILL_BLOCK))
+        return cache[0]
+
+    print("test data:")
+    for name in sorted(names):
+        ensure_dataset(datasets[name], block)
+    return datasets
+
+
+# --------------------------------------------------------------------------- workers
+
+
+@dataclass
+class Loaded:
+    """What a tool produced: kept alive past the clock so freeing it is not timed."""
+
+    keep: Any
+    nbytes: int
+    seconds: float | None = None  # set by tools that time themselves (fio)
+    in_process: bool = True  # False where a child process does the work (fio): no peak RSS
+
+
+Prepared = Callable[[], Loaded]
+
+
+def tensor_bytes(tensors: dict[str, Any]) -> int:
+    return sum(t.nbytes for t in tensors.values())
+
+
+def _prepare_aioloader(target: Path, files: list[Path]) -> Prepared:
+    import aioloader
+
+    try:
+        import uvloop
+
+        run: Callable[[Any], Any] = uvloop.run
+    except ImportError:
+        run = asyncio.run
+
+    def load() -> Loaded:
+        tensors = run(aioloader.load_model(str(target)))
+        return Loaded(tensors, tensor_bytes(tensors))
+
+    return load
+
+
+def _prepare_safetensors(target: Path, files: list[Path], backend: str = "mmap") -> Prepared:
+    # load_file's default backend ("mmap") returns views of a private file
+    # mapping (/proc/self/maps shows the shards mapped rw-p, and what is read
+    # counts as RssFile): pages are read when first touched and belong to the
+    # page cache, which may drop them and read them again. That is not "in
+    # memory, owned by the caller", which is what aioloader and runai deliver,
+    # so every tensor is cloned into anonymous memory, the work a user who wants
+    # owned tensors has to do. The "pread" backend (safetensors 0.8+) reads into
+    # owned memory itself; it is the opt-in tool "safetensors-pread".
+    from safetensors.torch import load_file
+
+    def load() -> Loaded:
+        tensors: dict[str, Any] = {}
+        for path in files:
+            for name, tensor in load_file(str(path), backend=backend).items():
+                tensors[name] = tensor.clone() if backend == "mmap" else tensor
+        return Loaded(tensors, tensor_bytes(tensors))
+
+    return load
+
+
+def _prepare_runai(target: Path, files: list[Path]) -> Prepared:
+    import inspect
+
+    from runai_model_streamer import SafetensorsStreamer
+
+    # Before 0.17 the streamer yielded views of buffers it reuses, so a kept
+    # tensor had to be cloned. Since then stream_files(owned=True), the default,
+    # hands each buffer to the caller; cloning then would only add a copy.
+    clone = "owned" not in inspect.signature(SafetensorsStreamer.stream_files).parameters
+
+    def load() -> Loaded:
+        tensors: dict[str, Any] = {}
+        with SafetensorsStreamer() as streamer:
+            streamer.stream_files([str(p) for p in files])
+            for name, tensor in streamer.get_tensors():
+                tensors[name] = tensor.clone() if clone else tensor
+        return Loaded(tensors, tensor_bytes(tensors))
+
+    return load
+
+
+def _prepare_preadv(target: Path, files: list[Path]) -> Prepared:
+    import numpy as np
+
+    sizes = [p.stat().st_size for p in files]
+
+    def load() -> Loaded:
+        buffer = np.empty(sum(sizes), np.uint8)  # numpy asks for huge pages on big arrays
+        fds = [os.open(p, os.O_RDONLY) for p in files]
+        try:
+            preadv_all(buffer.data, list(zip(fds, sizes, strict=True)))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return Loaded(buffer, buffer.nbytes)
+
+    return load
+
+
+def preadv_all(dest: memoryview, files: list[tuple[int, int]]) -> None:
+    """Read whole files back to back into ``dest``, 8 MiB at a time, from two threads."""
+    chunks = iter(_chunks(files, PREADV_CHUNK))
+    lock = threading.Lock()
+
+    def reader() -> None:
+        while True:
+            with lock:
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            fd, offset, start, length = chunk
+            while length:
+                got = os.preadv(fd, [dest[start : start + length]], offset)
+                if got == 0:
+                    raise EOFError(f"file shrank while reading (fd {fd}, offset {offset})")
+                offset, start, length = offset + got, start + got, length - got
+
+    with ThreadPoolExecutor(PREADV_THREADS) as pool:
+        for future in [pool.submit(reader) for _ in range(PREADV_THREADS)]:
+            future.result()
+
+
+def _chunks(files: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int, int, int]]:
+    """(fd, file offset, destination offset, length) covering each file in turn."""
+    start = 0
+    for fd, length in files:
+        for offset in range(0, length, size):
+            yield fd, offset, start + offset, min(size, length - offset)
+        start += length
+
+
+def _prepare_fio(target: Path, files: list[Path]) -> Prepared:
+    fio = shutil.which("fio")
+    if fio is None:
+        raise RuntimeError("fio is not installed")
+    command = [
+        fio,
+        "--name=seqread",
+        "--rw=read",
+        "--bs=1M",
+        "--iodepth=32",
+        "--ioengine=libaio",
+        f"--direct={FIO_DIRECT}",
+        "--numjobs=1",
+        "--file_service_type=sequential",
+        "--output-format=json",
+        "--filename=" + ":".join(str(p).replace(":", "\\:") for p in files),
+    ]
+
+    def load() -> Loaded:
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        read = json.loads(done.stdout[done.stdout.index("{") :])["jobs"][0]["read"]
+        return Loaded(None, read["io_bytes"], read["runtime"] / 1000, in_process=False)
+
+    return load
+
+
+PREPARE: dict[str, Callable[[Path, list[Path]], Prepared]] = {
+    "aioloader": _prepare_aioloader,
+    "safetensors": _prepare_safetensors,
+    "safetensors-pread": partial(_prepare_safetensors, backend="pread"),
+    "runai": _prepare_runai,
+    "preadv": _prepare_preadv,
+    "fio": _prepare_fio,
+}
+
+
+def safetensors_files(target: Path) -> list[Path]:
+    return sorted(target.glob("*.safetensors")) if target.is_dir() else [target]
+
+
+def proc_status(field_name: str) -> int:
+    """A ``kB`` field of /proc/self/status, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * KiB
+    raise KeyError(field_name)
+
+
+def reset_peak_rss() -> bool:
+    """Set VmHWM back to the current RSS (Linux 4.0+); False where that is refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def prefault(nbytes: int) -> None:
+    """Touch, then free, ``nbytes`` of fresh memory: see the module docstring."""
+    import numpy as np
+
+    buffer = np.ones(nbytes, np.uint8)
+    del buffer
+
+
+def worker(tool: str, target: Path) -> dict[str, Any]:
+    """One timed load; every tool imports torch first, so all start from the same process."""
+    import torch  # noqa: F401  (seconds to import, and not load time)
+
+    files = safetensors_files(target)
+    load = PREPARE[tool](target, files)
+    prefault(sum(p.stat().st_size for p in files))
+    rss_reset = reset_peak_rss()
+    rss_before = proc_status("VmRSS")
+    start = time.perf_counter()
+    loaded = load()
+    seconds = time.perf_counter() - start
+    return {
+        "tool": tool,
+        "bytes": loaded.nbytes,
+        "seconds": loaded.seconds if loaded.seconds is not None else seconds,
+        "wall_seconds": seconds,
+        "rss_before": rss_before,
+        "peak_rss": proc_status("VmHWM") if loaded.in_process else None,
+        "peak_rss_reset": rss_reset,
+    }
+
+
+# --------------------------------------------------------------------------- the page cache
+
+
+def resident_bytes(paths: Sequence[Path]) -> int | None:
+    """Bytes of ``paths`` in the page cache, by util-linux ``fincore``; None without it."""
+    fincore = shutil.which("fincore")
+    if fincore is None:
+        return None
+    command = [fincore, "--bytes", "--noheadings", "--raw", "--output", "RES", *map(str, paths)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        return None
+    return sum(int(line) for line in done.stdout.split())
+
+
+def evict(paths: Sequence[Path]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    resident = resident_bytes(paths)
+    if resident is not None and resident > 0.01 * total_size(paths):
+        print(f"  WARNING: {resident / MiB:.0f} MiB still cached after eviction")
+
+
+def warm(paths: Sequence[Path]) -> None:
+    subprocess.run(["cat", *map(str, paths)], stdout=subprocess.DEVNULL, check=True)
+    resident = resident_bytes(paths)
+    if resident is not None and resident < 0.99 * total_size(paths):
+        print(f"  WARNING: only {resident / MiB:.0f} MiB of the files stay cached")
+
+
+def total_size(paths: Sequence[Path]) -> int:
+    return sum(p.stat().st_size for p in paths)
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclass
+class ToolResult:
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def speeds(self) -> list[float]:
+        return [r["bytes"] / r["seconds"] / GB for r in self.runs]
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.speeds()) if self.runs else None
+
+    @property
+    def best(self) -> float | None:
+        return max(self.speeds()) if self.runs else None
+
+    @property
+    def peak_rss(self) -> int | None:
+        return max((r["peak_rss"] for r in self.runs if r["peak_rss"] is not None), default=None)
+
+
+def run_worker(tool: str, target: Path, env: dict[str, str]) -> dict[str, Any]:
+    """One measurement in a fresh interpreter; raises RuntimeError with its output on failure."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", tool, str(target)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=WORKER_TIMEOUT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-8:]
+        raise RuntimeError(f"exit {done.returncode}: " + "\n    ".join(tail))
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def run_scenario(
+    scenario: str, dataset: Dataset, tools: Sequence[str], repeat: int, env: dict[str, str]
+) -> dict[str, ToolResult]:
+    cold = scenario.endswith("-cold")
+    tools = [t for t in tools if cold or t not in COLD_ONLY_TOOLS]
+    results = {tool: ToolResult() for tool in tools}
+    print(f"\n== {scenario}: {dataset.target}")
+    if not cold:
+        warm(dataset.paths)
+    for rep in range(repeat):
+        for tool in rotated(tools, rep):
+            if cold:
+                evict(dataset.paths)
+            label = f"  [{rep + 1}/{repeat}] {tool:<12}"
+            try:
+                run = run_worker(tool, dataset.target, env)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                results[tool].errors.append(str(exc))
+                print(f"{label} FAILED {exc}")
+                continue
+            results[tool].runs.append(run)
+            print(f"{label} {describe(run)}{check_bytes(tool, run, dataset)}")
+    return results
+
+
+def rotated(items: Sequence[str], by: int) -> list[str]:
+    """``items`` starting at ``by`` (mod len): no tool always runs first, or after the same one."""
+    by %= len(items) or 1
+    return [*items[by:], *items[:by]]
+
+
+def describe(run: dict[str, Any]) -> str:
+    speed = run["bytes"] / run["seconds"] / GB
+    rss = "" if run["peak_rss"] is None else f"  peak RSS {run['peak_rss'] / GiB:5.2f} GiB"
+    if run["peak_rss"] is not None and not run["peak_rss_reset"]:
+        rss += " (could not reset: includes the prefault buffer)"
+    return f"{speed:6.2f} GB/s  {run['seconds']:6.2f} s{rss}"
+
+
+def check_bytes(tool: str, run: dict[str, Any], dataset: Dataset) -> str:
+    """A warning when a tool delivered other than the bytes it should have."""
+    if tool == "fio":  # reads whole 1 MiB blocks only; its own business
+        return ""
+    expected = total_size(dataset.paths) if tool == "preadv" else dataset.tensor_bytes
+    if run["bytes"] == expected:
+        return ""
+    return f"  WARNING: {run['bytes']} bytes, expected {expected}"
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def dataset_of(scenario: str) -> str:
+    return scenario.rsplit("-", 1)[0]
+
+
+def ceiling_of(scenario: str) -> str:
+    return "fio" if scenario.endswith("-cold") else "preadv"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def summarize(scenario: str, dataset: Dataset, results: dict[str, ToolResult]) -> dict[str, Any]:
+    ours = results.get("aioloader")
+    ours_median = ours.median if ours else None
+    ceiling = results.get(ceiling_of(scenario))
+    ceiling_median = ceiling.median if ceiling else None
+    tools = {
+        tool: {
+            "median_gbps": r.median,
+            "best_gbps": r.best,
+            "peak_rss_gib": r.peak_rss / GiB if r.peak_rss is not None else None,
+            "aioloader_over_tool": ratio(ours_median, r.median),
+            "tool_over_ceiling": ratio(r.median, ceiling_median),
+            "runs": r.runs,
+            "errors": r.errors,
+        }
+        for tool, r in results.items()
+    }
+    return {
+        "dataset": str(dataset.target),
+        "files": len(dataset.files),
+        "tensor_bytes": dataset.tensor_bytes,
+        "ceiling": ceiling_of(scenario),
+        "aioloader_over_ceiling": ratio(ours_median, ceiling_median),
+        "tools": tools,
+    }
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+COLUMNS = (  # (heading, summary key); every value is printed with two decimals
+    ("median GB/s", "median_gbps"),
+    ("best GB/s", "best_gbps"),
+    ("peak RSS GiB", "peak_rss_gib"),
+    ("aioloader/tool", "aioloader_over_tool"),
+    ("tool/ceiling", "tool_over_ceiling"),
+)
+
+
+def format_table(scenario: str, summary: dict[str, Any]) -> str:
+    size = summary["tensor_bytes"] / GiB
+    widths = [len(heading) + 1 for heading, _ in COLUMNS]
+
+    def row(name: str, cells: Sequence[str]) -> str:
+        return f"{name:<12}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=False))
+
+    lines = [
+        f"{scenario}  ({size:.2f} GiB of tensors in {summary['files']} file(s))",
+        row("tool", [heading for heading, _ in COLUMNS]),
+    ]
+    for tool, values in summary["tools"].items():
+        cells = [_cell(values[key], ".2f") for _, key in COLUMNS]
+        lines.append(row(tool, ["failed"] if values["median_gbps"] is None else cells))
+    over = _cell(summary["aioloader_over_ceiling"], ".2f")
+    lines.append(f"aioloader / ceiling ({summary['ceiling']}): {over}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def meminfo(key: str) -> int:
+    for line in (read_text("/proc/meminfo") or "").splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * KiB
+    return 0
+
+
+def cpu_model() -> str | None:
+    for line in (read_text("/proc/cpuinfo") or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def filesystem_of(path: Path) -> str | None:
+    """``device (fstype)`` of the mount holding ``path``."""
+    path = path.resolve()
+    best: tuple[int, str] | None = None
+    for line in (read_text("/proc/mounts") or "").splitlines():
+        device, mount, fstype = line.split()[:3]
+        if path.is_relative_to(mount) and (best is None or len(mount) > best[0]):
+            best = (len(mount), f"{device} ({fstype}) on {mount}")
+    return best[1] if best else None
+
+
+def version_of(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def fio_version() -> str | None:
+    fio = shutil.which("fio")
+    if fio is None:
+        return None
+    return subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip()
+
+
+def machine_info(out: Path) -> dict[str, Any]:
+    packages = ("aioloader", "torch", "numpy", "safetensors", "runai-model-streamer", "uvloop")
+    return {
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu_model(),
+        "memory_gib": round(meminfo("MemTotal") / GiB, 2),
+        "kernel": platform.release(),
+        "thp_enabled": read_text("/sys/kernel/mm/transparent_hugepage/enabled"),
+        "thp_defrag": read_text("/sys/kernel/mm/transparent_hugepage/defrag"),
+        "filesystem": filesystem_of(out if out.exists() else out.parent),
+        "python": platform.python_version(),
+        "versions": {name: version_of(name) for name in packages},
+        "fio": fio_version(),
+    }
+
+
+def print_machine(info: dict[str, Any]) -> None:
+    print(f"machine: {info['cpus']} CPUs ({info['cpus_usable']} usable), {info['cpu_model']}")
+    print(f"         {info['memory_gib']} GiB RAM, kernel {info['kernel']}")
+    print(f"         THP enabled: {info['thp_enabled']}; defrag: {info['thp_defrag']}")
+    print(f"         data on {info['filesystem']}")
+    versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
+    print(f"python {info['python']}: {versions}; fio: {info['fio']}")
+
+
+def worker_env() -> dict[str, str]:
+    """The workers' environment: runai's 40 GB default memory limit capped to half of RAM."""
+    env = dict(os.environ)
+    if "RUNAI_STREAMER_MEMORY_LIMIT" not in env:
+        limit = min(RUNAI_DEFAULT_LIMIT, meminfo("MemTotal") // 2)
+        env["RUNAI_STREAMER_MEMORY_LIMIT"] = str(limit)
+    print(
+        f"runai: RUNAI_STREAMER_MEMORY_LIMIT={env['RUNAI_STREAMER_MEMORY_LIMIT']}, "
+        f"RUNAI_STREAMER_CONCURRENCY={env.get('RUNAI_STREAMER_CONCURRENCY', 'unset (default)')}"
+    )
+    return env
+
+
+def ensure_fio() -> bool:
+    """Install fio with apt-get when it is missing; True when it is there after."""
+    if shutil.which("fio"):
+        return True
+    print("fio not found: installing it with apt-get")
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = [*sudo, "apt-get", "install", "-y", "-q", "fio"]
+    for command in (install, [*sudo, "apt-get", "update", "-q"], install):
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        if done.returncode == 0 and shutil.which("fio"):
+            return True
+    print("  WARNING: could not install fio; cold scenarios have no ceiling")
+    return False
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _names(
+    values: Sequence[str], allowed: Sequence[str], parser: argparse.ArgumentParser
+) -> list[str]:
+    """Space- or comma-separated names, checked against ``allowed`` and kept in its order."""
+    names = {name for value in values for name in value.split(",") if name}
+    unknown = names - set(allowed)
+    if unknown:
+        parser.error(f"unknown {', '.join(sorted(unknown))}; choose from {', '.join(allowed)}")
+    return [name for name in allowed if name in names]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        epilog=(
+            f"scenarios: {', '.join(SCENARIOS)}; tools: {', '.join(TOOLS)}"
+            f" (and on request {', '.join(EXTRA_TOOLS)})"
+        ),
+    )
+    parser.add_argument(
+        "--size-gib", type=float, help="model size in GiB (default 3, 1 with --quick)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, help="runs per tool and scenario (default 3, 1 with --quick)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=REPO_ROOT / "bench-data", help="test data folder"
+    )
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), metavar="NAME")
+    parser.add_argument("--skip-cold", action="store_true", help="run the warm scenarios only")
+    parser.add_argument("--tools", nargs="+", default=list(TOOLS), metavar="NAME")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results here")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 GiB model, 1 repetition")
+    parser.add_argument("--worker", nargs=2, metavar=("TOOL", "PATH"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.scenarios = _names(args.scenarios, SCENARIOS, parser)
+    args.tools = _names(args.tools, TOOLS + EXTRA_TOOLS, parser)
+    if args.skip_cold:
+        args.scenarios = [s for s in args.scenarios if not s.endswith("-cold")]
+    if args.size_gib is None:
+        args.size_gib = 1.0 if args.quick else 3.0
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    return args
+
+
+def bench(args: argparse.Namespace) -> int:
+    print("command:", shlex.join(sys.orig_argv))
+    info = machine_info(args.out)
+    if "fio" in args.tools and any(s.endswith("-cold") for s in args.scenarios):
+        if not ensure_fio():
+            args.tools.remove("fio")
+        info["fio"] = fio_version()
+    print_machine(info)
+    print(
+        f"model {args.size_gib:g} GiB, {args.repeat} run(s) per tool, tools: {' '.join(args.tools)}"
+    )
+    env = worker_env()
+    datasets = prepare_data(args.out, args.size_gib, {dataset_of(s) for s in args.scenarios})
+
+    summaries: dict[str, dict[str, Any]] = {}
+    for scenario in args.scenarios:
+        dataset = datasets[dataset_of(scenario)]
+        results = run_scenario(scenario, dataset, args.tools, args.repeat, env)
+        summaries[scenario] = summarize(scenario, dataset, results)
+        print("\n" + format_table(scenario, summaries[scenario]))
+
+    print("\n== results (GB/s = 10^9 bytes/s)")
+    for scenario, summary in summaries.items():
+        print("\n" + format_table(scenario, summary))
+    if args.json:
+        report = {
+            "command": sys.orig_argv,
+            "machine": info,
+            "args": _jsonable(args),
+            "scenarios": summaries,
+        }
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    failed = any(row["errors"] for s in summaries.values() for row in s["tools"].values())
+    return 1 if failed else 0
+
+
+def _jsonable(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "worker"}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        tool, target = args.worker
+        print(json.dumps(worker(tool, Path(target))), flush=True)
+        return 0
+    return bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
