@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
-from .config import Limits
+from .config import HttpOptions, Limits, S3Options
 from .devices.auto import device_for
 from .devices.base import Device
-from .errors import ClosedError
+from .errors import ClosedError, ConfigError
 from .layout import ModelLayout, resolve_layout
 from .pipeline import Selection, _Progress, load_headers, run_load
 from .report import LoadReport
@@ -23,6 +24,15 @@ from .staging import ByteBudget
 __all__ = ["Loader", "ModelInfo", "StreamStatistics", "TensorStream", "inspect_model", "load_model"]
 
 _DONE = object()
+
+URL = str | Sequence[str]
+
+
+def _display(url: URL) -> str:
+    if isinstance(url, str):
+        return url
+    urls = list(url)
+    return urls[0] if len(urls) == 1 else f"{urls[0]} and {len(urls) - 1} more files"
 
 
 @dataclass(frozen=True)
@@ -70,7 +80,7 @@ class TensorStream:
         metadata: the merged ``__metadata__``, once the headers have been read.
     """
 
-    def __init__(self, loader: Loader, url: str, selection: Selection) -> None:
+    def __init__(self, loader: Loader, url: URL, selection: Selection) -> None:
         self._loader = loader
         self._url = url
         self._selection = selection
@@ -85,7 +95,7 @@ class TensorStream:
         p = self._progress
         state = "closed" if self._closed else "running" if self._task else "new"
         return (
-            f"<TensorStream {self._url!r} {state} tensors={p.tensors_done}/{p.tensors_total} "
+            f"<TensorStream {_display(self._url)!r} {state} tensors={p.tensors_done}/{p.tensors_total} "
             f"bytes={p.bytes_done}/{p.bytes_total}>"
         )
 
@@ -95,12 +105,12 @@ class TensorStream:
 
     def _start(self) -> None:
         if self._closed:
-            raise ClosedError(f"this stream of {self._url} is closed")
+            raise ClosedError(f"this stream of {_display(self._url)} is closed")
         if self._task is not None:
             return
         self._task = asyncio.get_running_loop().create_task(
             self._loader._run(self._url, self._selection, self._emit, self._progress, self._meta),
-            name=f"aioloader load {self._url}",
+            name=f"aioloader load {_display(self._url)}",
         )
         self._task.add_done_callback(lambda _: self._queue.put_nowait(_DONE))
 
@@ -171,6 +181,9 @@ class Loader:
         chunk_size: the largest single read, e.g. ``"16MiB"``.
         memory_limit: bytes in flight and staged at once (default: derived from
             the container's memory limit; a value above it is refused).
+        http: retries, timeouts and extra headers for HTTP(S) and S3.
+        headers: shorthand for ``HttpOptions(headers=...)``, e.g. an Authorization token.
+        s3: endpoint, region, addressing style and anonymous access for S3.
 
     Use as ``async with Loader() as loader:``; ``aclose()`` is idempotent and a
     closed loader refuses new work.
@@ -184,7 +197,14 @@ class Loader:
         concurrency: int | None = None,
         chunk_size: int | str | None = None,
         memory_limit: int | str | None = None,
+        http: HttpOptions | None = None,
+        headers: Mapping[str, str] | None = None,
+        s3: S3Options | None = None,
     ) -> None:
+        if headers is not None:
+            http = replace(http or HttpOptions(), headers=tuple(headers.items()))
+        self._http = http
+        self._s3 = s3
         base = limits if limits is not None else Limits()
         self.limits = base.with_options(
             concurrency=concurrency, chunk_size=chunk_size, memory_limit=memory_limit
@@ -223,19 +243,30 @@ class Loader:
         if self._closed:
             raise ClosedError("this Loader is closed; create a new one")
 
-    def _source(self, url: str) -> Source:
-        scheme = scheme_of(url)
+    def _source(self, url: URL) -> Source:
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise ConfigError("an empty list of URLs was given; pass at least one file")
+        schemes = {scheme_of(u) for u in urls}
+        if len(schemes) > 1:
+            raise ConfigError(
+                f"the URLs mix storage kinds ({', '.join(sorted(schemes))}); load them separately"
+            )
+        scheme = schemes.pop()
         source = self._sources.get(scheme)
         if source is None:
-            source = self._sources[scheme] = source_for(url, concurrency=self.limits.concurrency)
+            source = self._sources[scheme] = source_for(
+                urls[0], concurrency=self.limits.concurrency, http=self._http, s3=self._s3
+            )
         return source
 
-    def stream(self, url: str, *, tensors: Selection = None) -> TensorStream:
+    def stream(self, url: URL, *, tensors: Selection = None) -> TensorStream:
         """Stream the tensors of ``url`` as each one completes.
 
         Args:
-            url: a ``.safetensors`` file, a ``file://`` URL, a folder of shards, or a
-                ``*.safetensors.index.json``.
+            url: a ``.safetensors`` file, a folder of shards or a
+                ``*.safetensors.index.json``, as a local path or a ``file://``,
+                ``http(s)://`` or ``s3://`` URL; or a list of file URLs.
             tensors: names to load, or a predicate on names; ``None`` loads all.
                 Only the selected tensors' bytes are read.
 
@@ -247,7 +278,7 @@ class Loader:
         self._streams.add(stream)
         return stream
 
-    async def load(self, url: str, *, tensors: Selection = None) -> dict[str, Any]:
+    async def load(self, url: URL, *, tensors: Selection = None) -> dict[str, Any]:
         """Load tensors of ``url`` into a dict (see ``stream`` for the arguments).
 
         Returns:
@@ -259,7 +290,7 @@ class Loader:
         async with self.stream(url, tensors=tensors) as stream:
             return {name: tensor async for name, tensor in stream}
 
-    async def inspect(self, url: str) -> ModelInfo:
+    async def inspect(self, url: URL) -> ModelInfo:
         """Read and validate the headers of ``url`` without reading tensor data."""
         self._check_open()
         source = self._source(url)
@@ -267,16 +298,16 @@ class Loader:
         blobs, headers = await load_headers(source, layout, self.limits.concurrency)
         for blob in blobs:
             await blob.aclose()
-        return ModelInfo(url=url, layout=layout, headers=tuple(headers))
+        return ModelInfo(url=_display(url), layout=layout, headers=tuple(headers))
 
     async def _run(
-        self, url: str, selection: Selection, emit: Any, progress: _Progress, meta: Any
+        self, url: URL, selection: Selection, emit: Any, progress: _Progress, meta: Any
     ) -> LoadReport:
         self._check_open()
         source = self._source(url)
         layout = await resolve_layout(source, url)
         return await run_load(
-            url=url,
+            url=_display(url),
             source=source,
             layout=layout,
             device=self._device,
@@ -311,7 +342,7 @@ class Loader:
 
 
 async def load_model(
-    url: str,
+    url: URL,
     *,
     device: Any = "cpu",
     tensors: Selection = None,
@@ -319,6 +350,9 @@ async def load_model(
     concurrency: int | None = None,
     chunk_size: int | str | None = None,
     memory_limit: int | str | None = None,
+    http: HttpOptions | None = None,
+    headers: Mapping[str, str] | None = None,
+    s3: S3Options | None = None,
 ) -> dict[str, Any]:
     """Load a safetensors model in one call.
 
@@ -327,7 +361,7 @@ async def load_model(
             ``*.safetensors.index.json``.
         device: where the tensors go (``"cpu"``).
         tensors: names to load, or a predicate on names; ``None`` loads all.
-        limits, concurrency, chunk_size, memory_limit: see ``Loader``.
+        limits, concurrency, chunk_size, memory_limit, http, headers, s3: see ``Loader``.
 
     Returns:
         ``{name: torch.Tensor}``, bit-identical to ``safetensors.torch.load_file``.
@@ -341,11 +375,14 @@ async def load_model(
         concurrency=concurrency,
         chunk_size=chunk_size,
         memory_limit=memory_limit,
+        http=http,
+        headers=headers,
+        s3=s3,
     ) as loader:
         return await loader.load(url, tensors=tensors)
 
 
-async def inspect_model(url: str) -> ModelInfo:
+async def inspect_model(url: URL) -> ModelInfo:
     """Read the headers of a model (no tensor data): tensors, dtypes, metadata."""
     async with Loader() as loader:
         return await loader.inspect(url)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from .errors import ConfigError
 from .memory import MemoryLimit, detect_memory_limit
 
-__all__ = ["Limits", "parse_size"]
+__all__ = ["HttpOptions", "Limits", "S3Options", "parse_size"]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -132,3 +132,70 @@ class Limits:
             "chunk_size": self.chunk_size,
             "memory_limit": self.staging_bytes,
         }
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    """How remote (HTTP and S3) reads behave.
+
+    Args:
+        headers: sent with every request to the URL's own host, e.g.
+            ``{"Authorization": "Bearer ..."}``; never forwarded to another host a
+            redirect points to.
+        max_attempts: tries per byte range before giving up (retries resume from
+            the last byte received).
+        backoff: first retry delay in seconds; doubles per attempt, with jitter.
+        backoff_max: the longest delay between two attempts.
+        stall_timeout: seconds without a single byte before a transfer counts as
+            stalled and is retried.
+        connect_timeout: seconds to establish a connection.
+    """
+
+    headers: tuple[tuple[str, str], ...] = ()
+    max_attempts: int = 6
+    backoff: float = 0.2
+    backoff_max: float = 10.0
+    stall_timeout: float = 30.0
+    connect_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.headers, dict):
+            object.__setattr__(self, "headers", tuple(self.headers.items()))
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be at least 1, got {self.max_attempts}")
+        for name in ("backoff", "backoff_max", "stall_timeout", "connect_timeout"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative")
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """Where and how to reach S3-compatible storage.
+
+    Unset fields come from the standard AWS configuration: ``AWS_ENDPOINT_URL_S3``
+    / ``AWS_ENDPOINT_URL``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, ``AWS_PROFILE``,
+    shared config and credentials files, web identity and instance metadata
+    (``AWS_EC2_METADATA_DISABLED=true`` turns the latter off; do that outside AWS).
+
+    Args:
+        endpoint_url: e.g. ``http://minio:9000`` for MinIO or Ceph RGW.
+        region: the signing region (default ``us-east-1``).
+        addressing: ``"path"`` (``endpoint/bucket/key``), ``"virtual"``
+            (``bucket.endpoint/key``) or ``"auto"``: path-style for custom
+            endpoints, virtual-hosted on AWS. ``AIOLOADER_S3_ADDRESSING`` overrides.
+        anonymous: send unsigned requests (public buckets). Also used when no
+            credentials are found at all.
+        profile: a profile from the shared AWS config files.
+    """
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    addressing: str = "auto"
+    anonymous: bool = False
+    profile: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.addressing not in ("auto", "path", "virtual"):
+            raise ConfigError(
+                f"addressing must be 'auto', 'path' or 'virtual', got {self.addressing!r}"
+            )

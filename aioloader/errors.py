@@ -8,7 +8,9 @@ do about it. The tree is shallow on purpose::
     ├── SourceError                       the storage could not be reached or read
     │   ├── NotFoundError (FileNotFoundError)
     │   ├── AccessDeniedError (PermissionError)
+    │   ├── ObjectChangedError            the file changed on the server mid-load
     │   └── ReadError                     a byte range failed mid-load
+    │       └── ReadTimeoutError (TimeoutError)
     ├── FormatError (ValueError)          the bytes are not a valid safetensors model
     │   ├── HeaderError                   the header is malformed or inconsistent
     │   └── UnsupportedFormatError        a pickle/.bin, GGUF, LFS pointer, ...
@@ -28,7 +30,9 @@ __all__ = [
     "HeaderError",
     "LoaderError",
     "NotFoundError",
+    "ObjectChangedError",
     "ReadError",
+    "ReadTimeoutError",
     "SelectionError",
     "SourceError",
     "UnsupportedFormatError",
@@ -55,6 +59,13 @@ class AccessDeniedError(SourceError, PermissionError):
     """The storage refused access to a file or object."""
 
 
+class ObjectChangedError(SourceError):
+    """A remote object changed (new ETag or size) after the load started.
+
+    Tensors from two versions of a file are never mixed: the load fails instead.
+    """
+
+
 class ReadError(SourceError):
     """A byte range could not be read in full.
 
@@ -73,6 +84,10 @@ class ReadError(SourceError):
         self.start = start
         self.end = end
         self.tensors = tensors
+
+
+class ReadTimeoutError(ReadError, TimeoutError):
+    """A transfer stalled longer than the stall timeout on every attempt."""
 
 
 class FormatError(LoaderError, ValueError):

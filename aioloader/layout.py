@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .errors import FormatError, SourceError
@@ -113,8 +114,8 @@ def _describe_other(names: list[str]) -> str:
     )
 
 
-async def resolve_layout(source: Source, url: str) -> ModelLayout:
-    """Find the files behind ``url``: an index, a folder, or a single file.
+async def resolve_layout(source: Source, url: str | Sequence[str]) -> ModelLayout:
+    """Find the files behind ``url``: an index, a folder, a single file, or a list of files.
 
     A folder with an ``*.safetensors.index.json`` loads exactly the shards the
     index names (``model.safetensors.index.json`` wins when there are several);
@@ -125,6 +126,8 @@ async def resolve_layout(source: Source, url: str) -> ModelLayout:
         SourceError: a folder with no safetensors files.
         FormatError: a malformed index.
     """
+    if not isinstance(url, str):
+        return ModelLayout(files=tuple(url))
     if url.endswith(INDEX_SUFFIX):
         return await _from_index(source, url)
     names = await source.list_dir(url)

@@ -28,3 +28,6 @@ def no_leaks() -> Iterator[None]:
         if target.endswith(".safetensors") or target.endswith(".json"):
             leaked.append(target)
     assert leaked == [], f"file descriptors left open: {leaked}"
+
+
+from .fixtures_remote import http_server, moto_auth_server, moto_server, s3_env  # noqa: E402, F401

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
+from ..config import HttpOptions, S3Options
 from ..errors import ConfigError
 from .base import Source
 
@@ -17,7 +18,9 @@ def scheme_of(url: str) -> str:
     return "file" if len(scheme) <= 1 else scheme
 
 
-def source_for(url: str, *, concurrency: int) -> Source:
+def source_for(
+    url: str, *, concurrency: int, http: HttpOptions | None = None, s3: S3Options | None = None
+) -> Source:
     """A new Source able to read ``url``.
 
     Raises:
@@ -28,7 +31,15 @@ def source_for(url: str, *, concurrency: int) -> Source:
         from .file import FileSource
 
         return FileSource(threads=concurrency)
+    if scheme in ("http", "https"):
+        from .http import HttpSource
+
+        return HttpSource(concurrency, http)
+    if scheme == "s3":
+        from .s3 import S3Source
+
+        return S3Source(concurrency, http, s3)
     raise ConfigError(
-        f"{url}: URL scheme {scheme!r} is not supported by this version of aioloader; "
-        "it reads local paths and file:// URLs"
+        f"{url}: URL scheme {scheme!r} is not supported; aioloader reads local paths, "
+        "file://, http://, https:// and s3:// URLs"
     )
