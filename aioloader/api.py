@@ -95,8 +95,8 @@ class TensorStream:
         p = self._progress
         state = "closed" if self._closed else "running" if self._task else "new"
         return (
-            f"<TensorStream {_display(self._url)!r} {state} tensors={p.tensors_done}/{p.tensors_total} "
-            f"bytes={p.bytes_done}/{p.bytes_total}>"
+            f"<TensorStream {_display(self._url)!r} {state} "
+            f"tensors={p.tensors_done}/{p.tensors_total} bytes={p.bytes_done}/{p.bytes_total}>"
         )
 
     def statistics(self) -> StreamStatistics:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Limits
-from .devices.base import Allocation, Device
+from .devices.base import Device, SpanAllocation
 from .errors import FormatError, HeaderError, NotFoundError, ReadError, SelectionError
 from .layout import ModelLayout
-from .plan import Read, plan_reads
+from .plan import Read, Span, plan_reads
 from .report import LoadReport
 from .safetensors import (
     PREFIX_SIZE,
@@ -204,34 +204,33 @@ async def run_load(
                 merged.update(header.metadata)
             on_metadata(merged)
         wanted = _select(all_tensors, selection, url)
-        reads = plan_reads(headers, wanted, limits.read_size)
+        spans, reads = plan_reads(headers, wanted, limits.read_size)
         chosen = [t for h in headers for t in h.tensors if wanted is None or t.name in wanted]
         progress.tensors_total = len(chosen)
         progress.bytes_total = sum(t.nbytes for t in chosen)
         header_done = time.perf_counter()
 
-        # Memory for every tensor is reserved before the first read: an mmap()
+        # Memory for every span is reserved before the first read: an mmap()
         # while readers are faulting pages in waits for the address-space lock,
         # and on the event loop that wait would stall everything else.
-        allocations: dict[str, Allocation] = {}
+        allocations: dict[Span, SpanAllocation] = {}
         slice_started = time.perf_counter()
-        for tensor in chosen:
-            allocations[tensor.name] = device.allocate(tensor)
+        for span in spans:
+            allocations[span] = device.allocate(span)
             if time.perf_counter() - slice_started > _ALLOCATION_SLICE:
                 await asyncio.sleep(0)  # thousands of tensors: let others run
                 slice_started = time.perf_counter()
-        remaining: dict[str, int] = {}
         for tensor in chosen:
             if tensor.nbytes == 0:
-                emit(tensor.name, allocations.pop(tensor.name).result())
+                emit(tensor.name, device.empty(tensor))
                 progress.tensors_done += 1
-            else:
-                remaining[tensor.name] = tensor.nbytes
+        # A tensor is complete once every read overlapping it has landed.
+        waiting_on: dict[str, int] = {}
+        for read in reads:
+            for tensor in read.tensors:
+                waiting_on[tensor.name] = waiting_on.get(tensor.name, 0) + 1
 
-        def allocations_for(read: Read) -> list[Allocation]:
-            return [allocations[piece.tensor.name] for piece in read.pieces]
-
-        queue: asyncio.Queue[tuple[Read, list[Allocation], list[memoryview]]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[Read, memoryview]] = asyncio.Queue()
         pending = iter(reads)
         copy_seconds = 0.0
         last_read_done = header_done
@@ -245,19 +244,18 @@ async def run_load(
                 peak_staged = max(peak_staged, staged)
                 handed_over = False
                 try:
-                    targets = allocations_for(read)
-                    buffers = device.staging(read, targets)
+                    buffer = device.staging(read, allocations[read.span])
                     try:
-                        await blobs[read.file].read_into(read.start, buffers)
+                        await blobs[read.span.file].read_into(read.start, [buffer])
                     except ReadError as exc:
                         raise ReadError(
                             f"{exc}; while loading {read.describe()}",
                             url=read.url,
                             start=read.start,
                             end=read.end,
-                            tensors=tuple(p.tensor.name for p in read.pieces),
+                            tensors=tuple(t.name for t in read.tensors),
                         ) from exc
-                    queue.put_nowait((read, targets, buffers))
+                    queue.put_nowait((read, buffer))
                     handed_over = True
                     last_read_done = time.perf_counter()
                 finally:
@@ -268,23 +266,22 @@ async def run_load(
         async def consumer() -> None:
             nonlocal copy_seconds, staged
             for _ in range(len(reads)):
-                read, targets, buffers = await queue.get()
+                read, buffer = await queue.get()
+                allocation = allocations[read.span]
                 t0 = time.perf_counter()
                 try:
-                    await device.commit(read, targets, buffers)
+                    await device.commit(read, allocation, buffer)
                 finally:
                     staged -= read.nbytes
                     budget.release(read.nbytes)
                 copy_seconds += time.perf_counter() - t0
-                progress.bytes_done += read.nbytes
-                for piece, allocation in zip(read.pieces, targets, strict=True):
-                    name = piece.tensor.name
-                    remaining[name] -= piece.nbytes
-                    if remaining[name] == 0:
-                        del remaining[name]
-                        del allocations[name]
+                for tensor in read.tensors:
+                    waiting_on[tensor.name] -= 1
+                    if waiting_on[tensor.name] == 0:
+                        del waiting_on[tensor.name]
                         progress.tensors_done += 1
-                        emit(name, allocation.result())
+                        progress.bytes_done += tensor.nbytes
+                        emit(tensor.name, allocation.tensor(tensor))
 
         try:
             workers = min(limits.concurrency, len(reads))
@@ -292,7 +289,7 @@ async def run_load(
         finally:
             # Reads that landed but were never committed still hold budget.
             while not queue.empty():
-                read, _, _ = queue.get_nowait()
+                read, _ = queue.get_nowait()
                 budget.release(read.nbytes)
     finally:
         for blob in blobs:

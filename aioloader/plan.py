@@ -1,116 +1,134 @@
 """Turn validated headers into byte-range reads (pure, no I/O).
 
-The selected tensors of a file form runs of contiguous bytes. Each run is cut
-into reads of at most ``read_size`` bytes: a big tensor becomes many reads that
-proceed in parallel, and many small neighbours share one read, scattered
-straight into their own buffers (``preadv`` / one HTTP range).
+The selected tensors of a file form *spans*: runs of neighbouring tensors, widened
+to 4 KiB boundaries, each filled into one buffer. Each span is cut into reads of
+at most ``read_size`` bytes, also on 4 KiB boundaries: a big tensor becomes many
+reads that proceed in parallel, many small neighbours share one read, and every
+read can bypass the page cache with ``O_DIRECT``, which needs that alignment.
+
+Reads never overlap, so every byte of a buffer is written exactly once: a tensor
+handed to the caller is never written again, not even by a read of its
+neighbour that covers the same 4 KiB block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .safetensors import FileHeader, TensorInfo
 
-__all__ = ["Piece", "Read", "plan_reads"]
+__all__ = ["ALIGNMENT", "Read", "Span", "plan_reads"]
 
-# Linux caps an iovec array at 1024 entries (IOV_MAX); stay well below.
-MAX_PIECES = 512
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """The part of one tensor that a read fills: absolute file bytes [start, end)."""
-
-    tensor: TensorInfo
-    start: int
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
+ALIGNMENT = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class Read:
-    """One contiguous byte range of one file, and the tensor pieces it fills."""
+def _down(n: int) -> int:
+    return n - n % ALIGNMENT
+
+
+def _up(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Span:
+    """Neighbouring selected tensors of one file, read into one buffer.
+
+    ``start`` is aligned; ``end`` is aligned too and may pass the end of the file
+    (bytes past it are never filled). Tensors lie in ``[start, end)``.
+    """
 
     file: int
     url: str
     start: int
     end: int
-    pieces: tuple[Piece, ...]
+    tensors: tuple[TensorInfo, ...]
 
     @property
     def nbytes(self) -> int:
         return self.end - self.start
 
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Read:
+    """One aligned byte range of a span, and the tensors whose bytes it holds."""
+
+    span: Span
+    start: int
+    end: int
+    tensors: tuple[TensorInfo, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def url(self) -> str:
+        return self.span.url
+
     def describe(self) -> str:
-        names = [p.tensor.name for p in self.pieces]
+        names = [t.name for t in self.tensors]
         shown = ", ".join(repr(n) for n in names[:3])
         if len(names) > 3:
             shown += f" and {len(names) - 3} more"
         return f"{self.url} bytes [{self.start}, {self.end}) (tensor {shown})"
 
 
-def _runs(tensors: Sequence[TensorInfo]) -> Iterator[list[TensorInfo]]:
-    """Group tensors (sorted by offset) into runs of back-to-back byte ranges."""
-    run: list[TensorInfo] = []
+def _spans(file: int, url: str, tensors: Sequence[TensorInfo]) -> list[Span]:
+    spans: list[Span] = []
+    group: list[TensorInfo] = []
     for tensor in tensors:
         if tensor.nbytes == 0:
             continue
-        if run and tensor.start != run[-1].end:
-            yield run
-            run = []
-        run.append(tensor)
-    if run:
-        yield run
+        # A gap too small to leave a whole aligned block unread costs nothing.
+        if group and _down(tensor.start) > _up(group[-1].end):
+            spans.append(Span(file, url, _down(group[0].start), _up(group[-1].end), tuple(group)))
+            group = []
+        group.append(tensor)
+    if group:
+        spans.append(Span(file, url, _down(group[0].start), _up(group[-1].end), tuple(group)))
+    return spans
 
 
-def _cut(file: int, url: str, run: list[TensorInfo], read_size: int) -> Iterator[Read]:
-    index = 0  # first tensor that may still overlap the next read
-    position = run[0].start
-    end_of_run = run[-1].end
-    while position < end_of_run:
-        limit = min(position + read_size, end_of_run)
-        pieces: list[Piece] = []
-        i = index
-        while i < len(run) and run[i].start < limit and len(pieces) < MAX_PIECES:
-            tensor = run[i]
-            piece_end = min(tensor.end, limit)
-            pieces.append(Piece(tensor, max(tensor.start, position), piece_end))
-            if piece_end < tensor.end:
-                break
-            i += 1
-        end = pieces[-1].end
-        yield Read(file, url, position, end, tuple(pieces))
-        index = i
-        position = end
+def _cut(span: Span, read_size: int) -> list[Read]:
+    reads = []
+    first = 0  # index of the first tensor that may overlap the next read
+    tensors = span.tensors
+    for start in range(span.start, span.end, read_size):
+        end = min(start + read_size, span.end)
+        while first < len(tensors) and tensors[first].end <= start:
+            first += 1
+        last = first
+        while last < len(tensors) and tensors[last].start < end:
+            last += 1
+        reads.append(Read(span, start, end, tensors[first:last]))
+    return reads
 
 
 def plan_reads(
     headers: Sequence[FileHeader],
     selected: Iterable[str] | None,
     read_size: int,
-) -> list[Read]:
-    """Plan the reads that fill every selected tensor exactly once.
+) -> tuple[list[Span], list[Read]]:
+    """Plan the spans and reads that fill every selected tensor.
 
     Args:
         headers: validated headers, one per file, in load order.
         selected: names of tensors to read (``None`` = all).
-        read_size: the largest single read in bytes.
+        read_size: the largest single read; rounded down to 4 KiB (at least 4 KiB).
 
     Returns:
-        Reads in file order, ascending offset within each file; zero-byte tensors
-        need no read and do not appear.
+        Spans in file order, and reads in file order, ascending offset within
+        each file. Zero-byte tensors need no read and appear in neither.
     """
-    if read_size <= 0:
-        raise ValueError("read_size must be positive")
+    read_size = max(ALIGNMENT, _down(read_size))
     wanted = None if selected is None else set(selected)
+    spans: list[Span] = []
     reads: list[Read] = []
     for index, header in enumerate(headers):
-        tensors = [t for t in header.tensors if wanted is None or t.name in wanted]
-        for run in _runs(tensors):
-            reads.extend(_cut(index, header.url, run, read_size))
-    return reads
+        chosen = [t for t in header.tensors if wanted is None or t.name in wanted]
+        for span in _spans(index, header.url, chosen):
+            spans.append(span)
+            reads.extend(_cut(span, read_size))
+    return spans, reads

@@ -1,32 +1,31 @@
 """The interface every destination implements.
 
-A load asks the device for each tensor's memory (``allocate``), for the buffers
-a read should fill (``staging``), and, once a read has landed, to move those
-bytes to their destination (``commit``). A device whose staging buffers are the
-destination itself (host memory) has nothing to do in ``commit``; one with a
-separate staging area (a GPU) copies there and frees the staging bytes.
+A load asks the device for the memory of each span of neighbouring tensors
+(``allocate``), for the buffer a read should fill (``staging``) and, once a read
+has landed, to move those bytes to their destination (``commit``). A device
+whose staging buffer is the destination itself (host memory) has nothing to do
+in ``commit``; one with a separate staging area (a GPU) copies from it there.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from typing import Any
 
-from ..plan import Read
+from ..plan import Read, Span
 from ..safetensors import TensorInfo
 
-__all__ = ["Device", "Allocation"]
+__all__ = ["Device", "SpanAllocation"]
 
 
-class Allocation(ABC):
-    """The destination memory of one tensor."""
+class SpanAllocation(ABC):
+    """The destination memory of one span."""
 
-    info: TensorInfo
+    span: Span
 
     @abstractmethod
-    def result(self) -> Any:
-        """The finished tensor, handed to the caller (who then owns it)."""
+    def tensor(self, info: TensorInfo) -> Any:
+        """The tensor of ``info`` (one of the span's), handed to the caller when complete."""
 
 
 class Device(ABC):
@@ -35,17 +34,19 @@ class Device(ABC):
     name: str
 
     @abstractmethod
-    def allocate(self, info: TensorInfo) -> Allocation:
-        """Memory for one whole tensor; its contents are undefined until filled."""
+    def allocate(self, span: Span) -> SpanAllocation:
+        """Memory for every tensor of ``span``; contents undefined until filled."""
 
     @abstractmethod
-    def staging(self, read: Read, allocations: Sequence[Allocation]) -> list[memoryview]:
-        """Writable buffers, one per piece of ``read``, that the reader fills."""
+    def empty(self, info: TensorInfo) -> Any:
+        """A tensor with no elements (nothing to read)."""
 
     @abstractmethod
-    async def commit(
-        self, read: Read, allocations: Sequence[Allocation], buffers: Sequence[memoryview]
-    ) -> None:
+    def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
+        """The writable buffer of ``read.nbytes`` bytes that the reader fills."""
+
+    @abstractmethod
+    async def commit(self, read: Read, allocation: SpanAllocation, buffer: memoryview) -> None:
         """Move a finished read's bytes from staging to destination."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook

@@ -1,6 +1,6 @@
 """Host memory: readers write straight into each tensor's final buffer.
 
-Tensor memory comes from NumPy rather than ``torch.empty``: NumPy asks the
+Span memory comes from NumPy rather than ``torch.empty``: NumPy asks the
 kernel for transparent huge pages on large arrays, and on the machines we
 measured a read into fresh NumPy memory ran several times faster than into
 ``torch.empty`` memory of the same size (fewer page faults; see
@@ -9,14 +9,13 @@ docs/benchmarks.md). The tensor is then a zero-copy torch view of that array.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ..plan import Read
+from ..plan import ALIGNMENT, Read, Span
 from ..safetensors import TensorInfo
-from .base import Allocation, Device
+from .base import Device, SpanAllocation
 
 __all__ = ["CpuDevice", "torch_dtype"]
 
@@ -50,28 +49,33 @@ def torch_dtype(dtype: str, *, tensor: str = "") -> Any:
     return found
 
 
-class HostAllocation(Allocation):
-    """A tensor's final memory, with a writable byte view for the readers."""
+class HostSpan(SpanAllocation):
+    """One page-aligned host buffer for a span; its tensors are views into it.
 
-    __slots__ = ("info", "tensor", "view")
+    The buffer's start is 4 KiB-aligned like the span's file offset, so reads can
+    go straight into it with ``O_DIRECT``. Tensors are built now, before reads
+    start: torch calls made while readers keep every CPU busy were measured
+    stalling the event loop.
+    """
 
-    def __init__(self, info: TensorInfo) -> None:
+    __slots__ = ("_tensors", "array", "span")
+
+    def __init__(self, span: Span) -> None:
         import torch
 
-        self.info = info
-        dtype = torch_dtype(info.dtype, tensor=info.name)
-        if info.nbytes == 0:
-            self.tensor = torch.empty(info.shape, dtype=dtype)
-            self.view = memoryview(b"")
-            return
-        array = np.empty(info.nbytes, dtype=np.uint8)
-        # Build the tensor now, before reads start: torch calls made while the
-        # readers keep both CPUs busy were measured stalling the event loop.
-        self.tensor = torch.from_numpy(array).view(dtype).reshape(info.shape)
-        self.view = memoryview(array)  # type: ignore[arg-type]
+        self.span = span
+        raw = np.empty(span.nbytes + ALIGNMENT, dtype=np.uint8)
+        skip = -raw.ctypes.data % ALIGNMENT
+        self.array = raw[skip : skip + span.nbytes]
+        self._tensors: dict[str, Any] = {}
+        for info in span.tensors:
+            dtype = torch_dtype(info.dtype, tensor=info.name)
+            offset = info.start - span.start
+            flat = torch.from_numpy(self.array[offset : offset + info.nbytes])
+            self._tensors[info.name] = flat.view(dtype).reshape(info.shape)
 
-    def result(self) -> Any:
-        return self.tensor
+    def tensor(self, info: TensorInfo) -> Any:
+        return self._tensors[info.name]
 
 
 class CpuDevice(Device):
@@ -86,18 +90,18 @@ class CpuDevice(Device):
     def __repr__(self) -> str:
         return "<CpuDevice>"
 
-    def allocate(self, info: TensorInfo) -> HostAllocation:
-        return HostAllocation(info)
+    def allocate(self, span: Span) -> HostSpan:
+        return HostSpan(span)
 
-    def staging(self, read: Read, allocations: Sequence[Allocation]) -> list[memoryview]:
-        buffers = []
-        for piece, allocation in zip(read.pieces, allocations, strict=True):
-            assert isinstance(allocation, HostAllocation)
-            base = piece.tensor.start
-            buffers.append(allocation.view[piece.start - base : piece.end - base])
-        return buffers
+    def empty(self, info: TensorInfo) -> Any:
+        import torch
 
-    async def commit(
-        self, read: Read, allocations: Sequence[Allocation], buffers: Sequence[memoryview]
-    ) -> None:
+        return torch.empty(info.shape, dtype=torch_dtype(info.dtype, tensor=info.name))
+
+    def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
+        assert isinstance(allocation, HostSpan)
+        base = allocation.span.start
+        return memoryview(allocation.array[read.start - base : read.end - base])  # type: ignore[arg-type]
+
+    async def commit(self, read: Read, allocation: SpanAllocation, buffer: memoryview) -> None:
         return None
