@@ -9,7 +9,7 @@ where they are first used.
 from __future__ import annotations
 
 from .api import Loader, ModelInfo, StreamStatistics, TensorStream, inspect_model, load_model
-from .config import Limits
+from .config import HttpOptions, Limits, S3Options
 from .errors import (
     AccessDeniedError,
     ClosedError,
@@ -18,7 +18,9 @@ from .errors import (
     HeaderError,
     LoaderError,
     NotFoundError,
+    ObjectChangedError,
     ReadError,
+    ReadTimeoutError,
     SelectionError,
     SourceError,
     UnsupportedFormatError,
@@ -35,13 +37,17 @@ __all__ = [
     "FileHeader",
     "FormatError",
     "HeaderError",
+    "HttpOptions",
     "Limits",
     "LoadReport",
     "Loader",
     "LoaderError",
     "ModelInfo",
     "NotFoundError",
+    "ObjectChangedError",
     "ReadError",
+    "ReadTimeoutError",
+    "S3Options",
     "SelectionError",
     "SourceError",
     "StreamStatistics",
