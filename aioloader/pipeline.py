@@ -104,7 +104,9 @@ async def _gather(coros: Any) -> None:
             for coro in coros:
                 group.create_task(coro)
     except BaseExceptionGroup as eg:
-        raise _first_error(eg) from None
+        error = _first_error(eg)
+        # Keep the error's own cause; the group around it is noise.
+        raise error from error.__cause__
 
 
 def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -248,7 +250,7 @@ async def run_load(
                     try:
                         await blobs[read.span.file].read_into(read.start, [buffer])
                     except ReadError as exc:
-                        raise ReadError(
+                        raise type(exc)(
                             f"{exc}; while loading {read.describe()}",
                             url=read.url,
                             start=read.start,

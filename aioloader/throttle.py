@@ -2,10 +2,13 @@
 
 A server that answers ``429`` / ``503 Slow Down`` is asked less: the limit of
 requests in flight halves (multiplicative decrease) and everyone waits out its
-``Retry-After``. Every run of successful requests as long as the current limit
-raises it by one (additive increase), back up to the configured maximum. Ten
-pods starting at once thus settle on what the store can serve instead of
-failing on throttling. The bookkeeping is synchronous, like ByteBudget's.
+``Retry-After``. Requests already in flight when the limit halved were sent at
+the old rate, so their throttling answers do not halve it again; one sent after
+that, under the new limit, does. Every run of successful requests as long as
+the current limit raises it by one (additive increase), back up to the
+configured maximum. Ten pods starting at once thus settle on what the store
+can serve instead of failing on throttling. The bookkeeping is synchronous,
+like ByteBudget's.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ class AdaptiveLimiter:
         self._in_flight = 0
         self._successes = 0
         self._throttled = 0
-        self._last_decrease = -1e9
+        # Bumped by every decrease: tells answers to requests sent before it from later ones.
+        self._epoch = 0
         self._resume_at = 0.0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
@@ -54,8 +58,12 @@ class AdaptiveLimiter:
             self._limit, self._maximum, self._in_flight, len(self._waiters), self._throttled
         )
 
-    async def acquire(self) -> None:
-        """Wait for a slot (and for any Retry-After pause to end)."""
+    async def acquire(self) -> int:
+        """Wait for a slot (and for any Retry-After pause to end).
+
+        Returns:
+            A ticket to hand to ``on_throttle`` if this request gets throttled.
+        """
         while True:
             delay = self._resume_at - time.monotonic()
             if delay > 0:
@@ -63,7 +71,7 @@ class AdaptiveLimiter:
                 continue
             if not self._waiters and self._in_flight < self._limit:
                 self._in_flight += 1
-                return
+                return self._epoch
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(future)
             try:
@@ -74,7 +82,7 @@ class AdaptiveLimiter:
                 elif future in self._waiters:
                     self._waiters.remove(future)
                 raise
-            return
+            return self._epoch
 
     def release(self) -> None:
         """Give a slot back."""
@@ -89,15 +97,21 @@ class AdaptiveLimiter:
             self._successes = 0
             self._wake()
 
-    def on_throttle(self, retry_after: float) -> None:
-        """The server pushed back: halve the limit (once per burst) and pause."""
+    def on_throttle(self, retry_after: float, ticket: int) -> None:
+        """The server pushed back: halve the limit (once per burst) and pause.
+
+        Args:
+            retry_after: seconds every request waits before the next one is sent.
+            ticket: what ``acquire`` returned for the throttled request.
+        """
         self._throttled += 1
-        now = time.monotonic()
-        self._resume_at = max(self._resume_at, now + retry_after)
-        # Many requests in flight get the same answer at once; count it once.
-        if now - self._last_decrease > max(retry_after, 0.5):
+        self._resume_at = max(self._resume_at, time.monotonic() + retry_after)
+        # Many requests in flight get the same answer at once; count it once. A
+        # time window would not do: with short backoffs, requests retried within
+        # it would find the limit still too high and run out of attempts.
+        if ticket == self._epoch:
             self._limit = max(1, self._limit // 2)
-            self._last_decrease = now
+            self._epoch += 1
         self._successes = 0
 
     def _wake(self) -> None:

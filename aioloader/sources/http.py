@@ -45,6 +45,8 @@ PROBE_SIZE = 256 * 1024
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _RETRY_STATUSES = {408, 425, 500, 502, 504}
 _THROTTLE_STATUSES = {429, 503}
+_REDIRECT_STATUSES = {301, 302, 303, 307, 308}
+_MAX_REDIRECTS = 10
 
 
 class _Retryable(Exception):
@@ -88,6 +90,17 @@ class _Filler:
             if self._offset == target.nbytes:
                 self._index += 1
                 self._offset = 0
+
+
+def _clip(buffers: Sequence[memoryview], limit: int) -> list[memoryview]:
+    """The buffers cut to ``limit`` bytes: plans may reach past the end of a file."""
+    out = []
+    for buffer in buffers:
+        if limit <= 0:
+            break
+        out.append(buffer[:limit])
+        limit -= buffer.nbytes
+    return out
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -159,7 +172,7 @@ class HttpBlob(Blob):
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
         if self._closed:
             raise ClosedError(f"{self.url} was already closed")
-        filler = _Filler(buffers)
+        filler = _Filler(_clip(buffers, self.size - offset))
         if filler.total == 0:
             return
         end = offset + filler.total
@@ -220,7 +233,7 @@ class HttpSource(Source):
     """Files served over HTTP(S).
 
     Args:
-        concurrency: the most requests in flight (connection pool size).
+        concurrency: the most requests in flight.
         options: retries, timeouts and extra headers.
     """
 
@@ -249,7 +262,8 @@ class HttpSource(Source):
         self, blob_url: str, fetch_url: str, headers: dict[str, str]
     ) -> dict[str, str]:
         """Headers for one request; the base adds the configured extra headers."""
-        if urlparse(fetch_url).netloc == urlparse(blob_url).netloc:
+        # Same scheme too: a redirect from https to http must not carry a token in clear.
+        if urlparse(fetch_url)[:2] == urlparse(blob_url)[:2]:
             headers = {**dict(self._options.headers), **headers}
         return headers
 
@@ -283,10 +297,13 @@ class HttpSource(Source):
         if self._session is None:
             import aiohttp
 
+            # No pool limit: the limiter bounds the requests in flight. A pool limit on
+            # top would count the parked stream of each file read sequentially (server
+            # ignoring Range), and once those fill the pool every other request waits
+            # for a connection forever.
             connector = aiohttp.TCPConnector(
-                limit=self._concurrency, limit_per_host=self._concurrency,
-                ssl=self._ssl_context() or True, ttl_dns_cache=300,
-            )  # fmt: skip
+                limit=0, limit_per_host=0, ssl=self._ssl_context() or True, ttl_dns_cache=300
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 auto_decompress=False,  # ranges address the stored bytes
@@ -302,9 +319,24 @@ class HttpSource(Source):
     async def _request(self, blob_url: str, fetch_url: str, headers: dict[str, str]) -> Any:
         session = await self._client()
         headers = {"Accept-Encoding": "identity", **headers}
-        headers = await self._prepare(blob_url, fetch_url, headers)
-        return await session.get(
-            self._target(fetch_url), headers=headers, allow_redirects=self._follow_redirects()
+        url = fetch_url
+        # Redirects are followed here, not by aiohttp: it forwards every header but
+        # Authorization to the next host, and the configured headers (API keys and
+        # the like) must only ever reach the URL's own host.
+        for _ in range(_MAX_REDIRECTS + 1):
+            prepared = await self._prepare(blob_url, url, headers)
+            response = await session.get(self._target(url), headers=prepared, allow_redirects=False)
+            location = response.headers.get("Location")
+            if (
+                response.status not in _REDIRECT_STATUSES
+                or location is None
+                or not self._follow_redirects()
+            ):
+                return response
+            response.release()
+            url = urljoin(str(response.url), location)
+        raise SourceError(
+            f"{blob_url}: more than {_MAX_REDIRECTS} redirects (last to {url}); use the final URL"
         )
 
     # -- retries ---------------------------------------------------------------------
@@ -317,14 +349,17 @@ class HttpSource(Source):
         failures: list[str] = []
         timed_out = False
         for attempt in range(options.max_attempts):
-            await self._limiter.acquire()
+            ticket = await self._limiter.acquire()
             try:
                 result = await attempt_once()
             except _Retryable as exc:
                 failures.append(str(exc))
                 timed_out = exc.timeout
                 if exc.throttled:
-                    self._limiter.on_throttle(exc.retry_after or options.backoff)
+                    # The pause holds back every request, so it is capped like one delay:
+                    # a huge Retry-After must not stall the load beyond backoff_max.
+                    pause = min(exc.retry_after or options.backoff, options.backoff_max)
+                    self._limiter.on_throttle(pause, ticket)
                 retry_after = exc.retry_after
             else:
                 self._limiter.on_success()
@@ -474,7 +509,8 @@ class HttpSource(Source):
         else:
             match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
             if not match or int(match.group(1)) != start:
-                changed = f"the server answered a different range ({response.headers.get('Content-Range')})"
+                answered = response.headers.get("Content-Range")
+                changed = f"the server answered a different range ({answered})"
             elif match.group(3) != "*" and int(match.group(3)) != blob.size:
                 changed = f"its size changed from {blob.size} to {match.group(3)} bytes"
             else:

@@ -10,6 +10,7 @@ loop, so signing stays a small fixed cost per multi-megabyte request.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import ssl
 import time
@@ -42,6 +43,14 @@ def _mask(key: str | None) -> str:
     if not key:
         return "none"
     return key[:4] + "..." + key[-4:] if len(key) > 8 else "****"
+
+
+def _is_ip_address(url: str) -> bool:
+    try:
+        ipaddress.ip_address(urlparse(url).hostname or "")
+    except ValueError:
+        return False
+    return True
 
 
 def _xml_text(element: ET.Element, tag: str) -> str | None:
@@ -114,6 +123,14 @@ class S3Source(HttpSource):
             )
         self._path_style = addressing == "path" or (addressing == "auto" and endpoint is not None)
         self._endpoint = (endpoint or f"https://s3.{region}.amazonaws.com").rstrip("/")
+        if not self._path_style and _is_ip_address(self._endpoint):
+            # bucket.10.0.0.5 resolves nowhere: every request would fail on DNS, retried
+            # until attempts run out, with a message that hides the cause.
+            raise ConfigError(
+                f"virtual-hosted S3 addressing puts the bucket in the host name, which the "
+                f"endpoint {self._endpoint} (an IP address) cannot have; use path-style "
+                "addressing: AIOLOADER_S3_ADDRESSING=path or S3Options(addressing='path')"
+            )
         self._region = region
         self._ca_bundle = os.environ.get("AWS_CA_BUNDLE") or session.get_config_variable(
             "ca_bundle"

@@ -1,0 +1,458 @@
+"""HTTP(S) loads against a real local server (tests/servers.py), faults included.
+
+Every load is compared bit for bit with the safetensors library. Faults are one-shot and
+hit GETs in arrival order, so a zero-second ``stall`` registered first is a way to let the
+probe (the first GET of a file, ``bytes=0-262143``) through and aim the next fault at the
+first range GET after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from aioloader import (
+    AccessDeniedError,
+    HttpOptions,
+    Loader,
+    NotFoundError,
+    ObjectChangedError,
+    ReadError,
+    ReadTimeoutError,
+    SourceError,
+    load_model,
+)
+from aioloader.sources.http import PROBE_SIZE
+
+from .helpers import assert_matches_files, assert_same, random_tensors, write_file, write_sharded
+from .servers import FaultyHttpServer
+
+# Quick retries, so that a test with faults takes well under a second.
+FAST = HttpOptions(backoff=0.01, backoff_max=0.05, stall_timeout=0.3)
+NAME = "m.safetensors"
+
+
+def big_tensors(count: int = 16, numel: int = 64 * 1024, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``count`` tensors of ``numel`` float32 (256 KiB each by default), plus small ones."""
+    gen = torch.Generator().manual_seed(seed)
+    out = random_tensors(seed=seed, count=6)
+    for i in range(count):
+        out[f"big.{i:02d}"] = torch.randn(numel, generator=gen)
+    return out
+
+
+def write_big(folder: Path, name: str = NAME, **kwargs: int) -> Path:
+    """A file of several MiB: far beyond the probe, so tensor bytes need range GETs."""
+    return write_file(folder / name, big_tensors(**kwargs))
+
+
+def parse_range(header: str | None) -> tuple[int, int]:
+    """``bytes=a-b`` -> (a, b) inclusive."""
+    assert header is not None and header.startswith("bytes="), header
+    first, _, last = header[len("bytes=") :].partition("-")
+    return int(first), int(last)
+
+
+def pass_probe(server: FaultyHttpServer, path: str = NAME) -> None:
+    """Let the next GET of ``path`` (the probe) through untouched; later faults hit after it."""
+    server.stall(path, 0.0)
+
+
+async def poll(condition: Callable[[], bool], seconds: float = 2.0) -> bool:
+    """Wait until ``condition`` holds (server-thread state, which no event signals)."""
+    for _ in range(int(seconds / 0.001)):
+        if condition():
+            return True
+        await asyncio.sleep(0.001)
+    return condition()
+
+
+# -- what gets loaded -------------------------------------------------------------------
+
+
+async def test_single_file(http_server: FaultyHttpServer) -> None:
+    path = write_big(http_server.root)
+    got = await load_model(http_server.url_for(NAME), chunk_size="1MiB")
+    assert_matches_files(got, path)
+    gets = http_server.gets(NAME)
+    assert parse_range(gets[0].range) == (0, PROBE_SIZE - 1)
+    assert all(r.range is not None for r in gets)  # never the whole file in one GET
+
+
+async def test_index_url_fetches_shards_relative_to_it(http_server: FaultyHttpServer) -> None:
+    folder = http_server.root / "org" / "model"
+    write_sharded(folder, big_tensors(count=6), shards=3)
+    got = await load_model(http_server.url_for("org/model/model.safetensors.index.json"))
+    shards = sorted(folder.glob("*.safetensors"))
+    assert_matches_files(got, *shards)
+    paths = {r.path for r in http_server.requests}
+    assert paths == {"org/model/model.safetensors.index.json"} | {
+        f"org/model/{s.name}" for s in shards
+    }
+
+
+async def test_list_of_shard_urls(http_server: FaultyHttpServer) -> None:
+    write_sharded(http_server.root, big_tensors(count=6), shards=3)
+    shards = sorted(http_server.root.glob("*.safetensors"))
+    got = await load_model([http_server.url_for(s.name) for s in shards])
+    assert_matches_files(got, *shards)
+    assert "model.safetensors.index.json" not in {r.path for r in http_server.requests}
+
+
+async def test_selection_reads_only_selected_bytes(http_server: FaultyHttpServer) -> None:
+    path = write_big(http_server.root, count=32)  # 8 MiB
+    size = path.stat().st_size
+    wanted = ["big.20", "layer.2.weight"]
+    got = await load_model(http_server.url_for(NAME), tensors=wanted, chunk_size="64KiB")
+    assert sorted(got) == sorted(wanted)
+    reference = load_file(str(path))
+    assert_same(got, {n: reference[n] for n in wanted})
+    # The probe (the header and what follows it), then the selected bytes (widened to
+    # 4 KiB boundaries), nothing else.
+    selected = sum(reference[n].numel() * reference[n].element_size() for n in wanted)
+    assert http_server.bytes_sent <= PROBE_SIZE + selected + 2 * 4096 * len(wanted)
+    assert http_server.bytes_sent < size / 10
+    for record in http_server.gets(NAME)[1:]:
+        first, last = parse_range(record.range)
+        assert first >= PROBE_SIZE - 1 and last - first < 64 * 1024
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 8])
+async def test_concurrency_bounds_requests_in_flight(
+    http_server: FaultyHttpServer, concurrency: int
+) -> None:
+    path = write_big(http_server.root, count=24)  # 6 MiB in 64 KiB chunks: ~96 range GETs
+    # Every GET lingers a little, so the readers really overlap.
+    http_server.stall(None, 0.005, after_bytes=1, count=10_000)
+    got = await load_model(http_server.url_for(NAME), concurrency=concurrency, chunk_size="64KiB")
+    assert_matches_files(got, path)
+    assert len(http_server.gets(NAME)) > 90
+    assert http_server.max_concurrent <= concurrency
+    if concurrency > 1:
+        assert http_server.max_concurrent > 1
+
+
+async def test_redirect_followed(http_server: FaultyHttpServer) -> None:
+    path = write_big(http_server.root, count=4)
+    http_server.redirect("old/name.safetensors", NAME)
+    got = await load_model(http_server.url_for("old/name.safetensors"), chunk_size="256KiB")
+    assert_matches_files(got, path)
+    # Only the probe goes through the redirect; the ranges go to where it pointed.
+    assert len(http_server.gets("old/name.safetensors")) == 1
+    assert len(http_server.gets(NAME)) > 2
+
+
+async def test_redirect_loop_is_a_source_error(http_server: FaultyHttpServer) -> None:
+    http_server.redirect("a.safetensors", "b.safetensors")
+    http_server.redirect("b.safetensors", "a.safetensors")
+    url = http_server.url_for("a.safetensors")
+    with pytest.raises(SourceError) as info:
+        await load_model(url, http=FAST)
+    assert url in str(info.value) and "redirects" in str(info.value)
+    assert len(http_server.requests) == 11  # the first request and 10 redirects, once
+
+
+async def test_authorization_header(http_server: FaultyHttpServer) -> None:
+    path = write_big(http_server.root, count=4)
+    url = http_server.url_for(NAME)
+    token = "Bearer tok-5ecret-771"
+    http_server.require_header("Authorization", token)
+    got = await load_model(url, headers={"Authorization": token}, chunk_size="256KiB")
+    assert_matches_files(got, path)
+    assert all(h.get("Authorization") == token for h in http_server.request_headers)
+
+    with pytest.raises(AccessDeniedError) as info:
+        await load_model(url)
+    assert url in str(info.value) and "401" in str(info.value)
+    assert "without credentials" in str(info.value)
+
+    with pytest.raises(AccessDeniedError) as info:
+        await load_model(url, headers={"Authorization": "Bearer wrong-5ecret-993"})
+    message = str(info.value)
+    assert url in message and "with the configured headers" in message
+    assert "5ecret" not in message
+
+
+async def test_headers_not_sent_to_another_host(
+    http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    other_root = tmp_path / "other"
+    path = write_big(other_root, count=4)
+    with FaultyHttpServer(other_root) as other:
+        http_server.redirect_all_to(other.url)
+        got = await load_model(
+            http_server.url_for(NAME),
+            headers={"Authorization": "Bearer tok", "X-Api-Key": "key"},
+            chunk_size="256KiB",
+        )
+        assert_matches_files(got, path)
+        assert len(other.gets(NAME)) > 2
+        for headers in other.request_headers:
+            assert "Authorization" not in headers and "X-Api-Key" not in headers, headers
+    assert all(h.get("X-Api-Key") == "key" for h in http_server.request_headers)
+
+
+# -- faults -----------------------------------------------------------------------------
+
+
+def _inject(server: FaultyHttpServer, fault: str) -> int:
+    """Register ``fault`` once for the next GET; returns the body bytes it lets through."""
+    if fault == "reset":
+        server.reset_after(NAME, 10_000)
+        return 10_000
+    if fault == "short":
+        server.short_body(NAME)
+        return -1  # half of what was asked
+    if fault == "stall":
+        server.stall(NAME, 2.0, after_bytes=5_000)
+        return 5_000
+    if fault == "500":
+        server.status(NAME, 500)
+    elif fault == "503":
+        server.status(NAME, 503, retry_after=1)
+    elif fault == "429":
+        server.status(NAME, 429, retry_after=0)
+    return 0
+
+
+@pytest.mark.parametrize("fault", ["reset", "short", "stall", "500", "503", "429"])
+async def test_fault_recovers_bit_identically(http_server: FaultyHttpServer, fault: str) -> None:
+    path = write_big(http_server.root, count=8)
+    _inject(http_server, fault)  # the probe
+    pass_probe(http_server)  # its retry
+    through = _inject(http_server, fault)  # the first range GET after it
+    started = time.monotonic()
+    got = await load_model(http_server.url_for(NAME), concurrency=1, chunk_size="1MiB", http=FAST)
+    assert_matches_files(got, path)
+    if fault == "503":  # Retry-After: 1 is capped by backoff_max, for every request
+        assert time.monotonic() - started < 0.9
+
+    ranges = [parse_range(r.range) for r in http_server.gets(NAME)]
+    assert ranges[0] == ranges[1] == (0, PROBE_SIZE - 1)  # a probe starts over
+    (first, last), retry = ranges[2], ranges[3]
+    if through < 0:
+        through = (last - first + 1) // 2
+    # The retry resumes right after the last byte that arrived.
+    assert retry == (first + through, last)
+
+
+async def test_reset_twice_in_one_range(http_server: FaultyHttpServer) -> None:
+    path = write_big(http_server.root, count=8)
+    pass_probe(http_server)
+    http_server.reset_after(NAME, 70_000)
+    http_server.reset_after(NAME, 1)
+    got = await load_model(http_server.url_for(NAME), concurrency=1, chunk_size="1MiB", http=FAST)
+    assert_matches_files(got, path)
+    ranges = [parse_range(r.range) for r in http_server.gets(NAME)]
+    (first, last) = ranges[1]
+    assert ranges[2:4] == [(first + 70_000, last), (first + 70_001, last)]
+
+
+async def test_retry_after_is_honoured(http_server: FaultyHttpServer) -> None:
+    path = write_big(http_server.root, count=2)
+    pass_probe(http_server)
+    http_server.status(NAME, 503, retry_after=1)
+    started = time.monotonic()
+    got = await load_model(
+        http_server.url_for(NAME), http=HttpOptions(backoff=0.01, backoff_max=5.0)
+    )
+    assert_matches_files(got, path)
+    assert time.monotonic() - started >= 0.9
+
+
+async def test_gives_up_after_max_attempts(http_server: FaultyHttpServer) -> None:
+    write_big(http_server.root, count=4)
+    url = http_server.url_for(NAME)
+    pass_probe(http_server)
+    http_server.status(NAME, 500, count=100)
+    options = HttpOptions(max_attempts=3, backoff=0.01, backoff_max=0.05)
+    async with Loader(concurrency=1, chunk_size="256KiB", http=options) as loader:
+        with pytest.raises(ReadError) as info:
+            await loader.load(url)
+        assert loader.statistics()["budget"].used == 0
+    error = info.value
+    assert not isinstance(error, ReadTimeoutError)
+    message = str(error)
+    assert error.url == url and url in message
+    assert error.start < error.end and error.end > PROBE_SIZE
+    assert f"[{error.start}, {error.end})" in message
+    assert "3 attempts" in message and "HTTP 500" in message
+    assert "big.00" in error.tensors
+    assert len(http_server.gets(NAME)) == 1 + 3
+
+
+async def test_gives_up_on_the_probe(http_server: FaultyHttpServer) -> None:
+    write_big(http_server.root, count=2)
+    url = http_server.url_for(NAME)
+    http_server.reset_after(NAME, 0, count=100)
+    with pytest.raises(ReadError) as info:
+        await load_model(url, http=HttpOptions(max_attempts=2, backoff=0.01, backoff_max=0.05))
+    assert url in str(info.value) and f"[0, {PROBE_SIZE})" in str(info.value)
+
+
+STALLING = HttpOptions(max_attempts=2, backoff=0.01, backoff_max=0.05, stall_timeout=0.2)
+
+
+async def stalled_range_load(server: FaultyHttpServer) -> ReadError:
+    """Load while every range GET after the probe stalls; the error raised."""
+    write_big(server.root, count=4)
+    pass_probe(server)
+    server.stall(NAME, 5.0, after_bytes=1_000, count=100)
+    started = time.monotonic()
+    with pytest.raises(ReadError) as info:
+        await load_model(server.url_for(NAME), concurrency=1, chunk_size="256KiB", http=STALLING)
+    assert time.monotonic() - started < 2.0
+    return info.value
+
+
+async def test_persistent_stall_gives_up(http_server: FaultyHttpServer) -> None:
+    error = await stalled_range_load(http_server)
+    url = http_server.url_for(NAME)
+    assert url in str(error) and f"[{error.start}, {error.end})" in str(error)
+    assert "2 attempts" in str(error) and "Timeout on reading" in str(error)
+
+
+async def test_persistent_stall_is_a_timeout(http_server: FaultyHttpServer) -> None:
+    error = await stalled_range_load(http_server)
+    assert isinstance(error, ReadTimeoutError) and isinstance(error, TimeoutError)
+
+
+async def test_stall_before_headers_is_a_timeout(http_server: FaultyHttpServer) -> None:
+    write_big(http_server.root, count=2)
+    url = http_server.url_for(NAME)
+    http_server.stall(NAME, 5.0, count=100, before_headers=True)
+    with pytest.raises(ReadTimeoutError) as info:
+        await load_model(url, http=STALLING)
+    assert isinstance(info.value, TimeoutError)
+    assert url in str(info.value) and f"[0, {PROBE_SIZE})" in str(info.value)
+
+
+async def test_throttling_lowers_requests_in_flight(http_server: FaultyHttpServer) -> None:
+    path = write_big(http_server.root, count=24)
+    # Each GET takes a moment, so that 16 readers really pile up on the server.
+    http_server.stall(None, 0.002, after_bytes=1, count=10_000)
+    http_server.limit_concurrency(2, code=503, retry_after=0)
+    async with Loader(concurrency=16, chunk_size="64KiB", http=FAST) as loader:
+        got = await loader.load(http_server.url_for(NAME))
+        stats = loader._sources["http"].statistics()  # type: ignore[attr-defined]
+    assert_matches_files(got, path)
+    assert stats.maximum == 16
+    assert stats.throttled > 0
+    assert stats.limit < 16
+    assert stats.in_flight == 0 and stats.waiting == 0
+
+
+async def test_etag_change_mid_load(http_server: FaultyHttpServer) -> None:
+    path = write_big(http_server.root, count=16)
+    url = http_server.url_for(NAME)
+    http_server.change_after(NAME, 3)  # the probe and two ranges see the first version
+    reference = load_file(str(path))
+    seen: dict[str, torch.Tensor] = {}
+    async with Loader(concurrency=1, chunk_size="256KiB", http=FAST) as loader:
+        with pytest.raises(ObjectChangedError) as info:
+            async with loader.stream(url) as stream:
+                async for name, tensor in stream:
+                    seen[name] = tensor
+        assert loader.statistics()["budget"].used == 0
+    assert url in str(info.value)
+    assert len(seen) < len(reference)
+    # What was handed out before the change is the first version, never a mix.
+    assert_same(seen, {n: reference[n] for n in seen})
+    with pytest.raises(ObjectChangedError):
+        http_server.change_after(NAME, 2)
+        await load_model(url, chunk_size="256KiB", http=FAST)
+
+
+async def test_server_ignoring_range(
+    http_server: FaultyHttpServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    index = write_sharded(http_server.root, big_tensors(count=48), shards=2)  # 2 x 6 MiB
+    shards = sorted(http_server.root.glob("*.safetensors"))
+    size = sum(s.stat().st_size for s in shards) + index.stat().st_size
+    http_server.ignore_range(None)
+    caplog.set_level(logging.WARNING, logger="aioloader")
+    got = await load_model(
+        http_server.url_for(index.name), concurrency=4, chunk_size="64KiB", http=FAST
+    )
+    assert_matches_files(got, *shards)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "aioloader"]
+    assert len(warnings) == 1 and "ignores Range" in warnings[0], warnings
+    assert size // (64 * 1024) > 150  # many chunks...
+    assert http_server.bytes_sent < 2 * size  # ...yet each byte was sent about once
+    for shard in shards:
+        assert len(http_server.gets(shard.name)) <= 3
+
+
+async def test_server_ignoring_range_partial_reads_do_not_hang(
+    http_server: FaultyHttpServer,
+) -> None:
+    """Streams left open mid-file (their tensors skipped) must not starve other files."""
+    index = write_sharded(http_server.root, big_tensors(count=32), shards=2)
+    shards = sorted(http_server.root.glob("*.safetensors"))
+    http_server.ignore_range(None)
+    wanted = ["big.00", "big.01"]  # one near the start of each shard
+    async with asyncio.timeout(10):
+        got = await load_model(
+            http_server.url_for(index.name), tensors=wanted, concurrency=1, http=FAST
+        )
+    reference = {**load_file(str(shards[0])), **load_file(str(shards[1]))}
+    assert_same(got, {n: reference[n] for n in wanted})
+
+
+async def test_not_found(http_server: FaultyHttpServer) -> None:
+    url = http_server.url_for("missing.safetensors")
+    with pytest.raises(NotFoundError) as info:
+        await load_model(url)
+    assert url in str(info.value) and "404" in str(info.value)
+
+
+async def test_missing_shard_named_by_index(http_server: FaultyHttpServer) -> None:
+    write_sharded(http_server.root, big_tensors(count=3), shards=3)
+    (http_server.root / "model-00002-of-00003.safetensors").unlink()
+    with pytest.raises(NotFoundError) as info:
+        await load_model(http_server.url_for("model.safetensors.index.json"))
+    assert "model-00002-of-00003.safetensors" in str(info.value)
+
+
+async def test_forbidden(http_server: FaultyHttpServer) -> None:
+    write_big(http_server.root, count=2)
+    url = http_server.url_for(NAME)
+    http_server.status(NAME, 403)
+    with pytest.raises(AccessDeniedError) as info:
+        await load_model(url, http=FAST)
+    assert url in str(info.value) and "403" in str(info.value)
+    assert len(http_server.gets(NAME)) == 1  # not retried
+
+
+async def test_folder_url_cannot_be_listed(http_server: FaultyHttpServer) -> None:
+    write_big(http_server.root, count=2)
+    with pytest.raises(SourceError) as info:
+        await load_model(http_server.url + "/")
+    assert "listing" in str(info.value) and "index.json" in str(info.value)
+    assert http_server.requests == []
+
+
+@pytest.mark.parametrize("after_gets", [1, 2, 5, 20])
+async def test_cancel_mid_load(http_server: FaultyHttpServer, after_gets: int) -> None:
+    write_big(http_server.root, count=24)
+    http_server.stall(None, 0.01, after_bytes=1000, count=10_000)
+    async with Loader(concurrency=4, chunk_size="64KiB", memory_limit="1MiB") as loader:
+        task = asyncio.create_task(loader.load(http_server.url_for(NAME)))
+        await poll(lambda: len(http_server.gets()) >= after_gets or task.done())
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        stats = loader.statistics()
+        assert stats["budget"].used == 0 and stats["budget"].waiting == 0
+        assert stats["streams"] == 0
+        limiter = loader._sources["http"].statistics()  # type: ignore[attr-defined]
+        assert limiter.in_flight == 0 and limiter.waiting == 0
+    # The server's handlers end once their clients are gone.
+    assert await poll(lambda: http_server.in_flight == 0)
