@@ -175,7 +175,8 @@ class Loader:
     """A long-lived loader: keeps thread pools and budgets between loads.
 
     Args:
-        device: where tensors go; ``"cpu"`` (host memory) in this version.
+        device: where tensors go: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``.
+        framework: ``"torch"`` tensors, ``"numpy"`` host arrays or ``"cupy"`` GPU arrays.
         limits: a Limits; or give its fields one by one:
         concurrency: reads in flight at once (default 8).
         chunk_size: the largest single read, e.g. ``"16MiB"``.
@@ -200,6 +201,7 @@ class Loader:
         http: HttpOptions | None = None,
         headers: Mapping[str, str] | None = None,
         s3: S3Options | None = None,
+        framework: str = "torch",
     ) -> None:
         if headers is not None:
             http = replace(http or HttpOptions(), headers=tuple(headers.items()))
@@ -209,7 +211,7 @@ class Loader:
         self.limits = base.with_options(
             concurrency=concurrency, chunk_size=chunk_size, memory_limit=memory_limit
         )
-        self._device: Device = device_for(device)
+        self._device: Device = device_for(device, self.limits, framework)
         self._budget = ByteBudget(self.limits.staging_bytes)
         self._sources: dict[str, Source] = {}
         self._streams: set[TensorStream] = set()
@@ -353,13 +355,15 @@ async def load_model(
     http: HttpOptions | None = None,
     headers: Mapping[str, str] | None = None,
     s3: S3Options | None = None,
+    framework: str = "torch",
 ) -> dict[str, Any]:
     """Load a safetensors model in one call.
 
     Args:
         url: a ``.safetensors`` file, ``file://`` URL, folder of shards, or
             ``*.safetensors.index.json``.
-        device: where the tensors go (``"cpu"``).
+        device: where the tensors go: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        framework: ``"torch"``, ``"numpy"`` (cpu) or ``"cupy"`` (cuda).
         tensors: names to load, or a predicate on names; ``None`` loads all.
         limits, concurrency, chunk_size, memory_limit, http, headers, s3: see ``Loader``.
 
@@ -378,6 +382,7 @@ async def load_model(
         http=http,
         headers=headers,
         s3=s3,
+        framework=framework,
     ) as loader:
         return await loader.load(url, tensors=tensors)
 

@@ -20,7 +20,7 @@ DEFAULT_CHUNK_SIZE = 16 * MiB
 # leaving the rest for the tensors themselves, the framework and the server.
 DEFAULT_MEMORY_SHARE = 8
 DEFAULT_MEMORY_CAP = 2 * GiB
-MIN_MEMORY_LIMIT = 1 * MiB
+MIN_MEMORY_LIMIT = 64 * KiB
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {

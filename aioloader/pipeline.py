@@ -232,17 +232,21 @@ async def run_load(
             for tensor in read.tensors:
                 waiting_on[tensor.name] = waiting_on.get(tensor.name, 0) + 1
 
-        queue: asyncio.Queue[tuple[Read, memoryview]] = asyncio.Queue()
+        await device.prepare()
+        landed: asyncio.Queue[tuple[Read, memoryview]] = asyncio.Queue()
+        copying: asyncio.Queue[tuple[Read, Any, float]] = asyncio.Queue()
         pending = iter(reads)
         copy_seconds = 0.0
+        copy_free_at = 0.0
         last_read_done = header_done
         staged = peak_staged = 0
 
         async def reader() -> None:
             nonlocal last_read_done, staged, peak_staged
             for read in pending:
-                await budget.acquire(read.nbytes)
-                staged += read.nbytes
+                cost = device.cost(read)
+                await budget.acquire(cost)
+                staged += cost
                 peak_staged = max(peak_staged, staged)
                 handed_over = False
                 try:
@@ -257,26 +261,38 @@ async def run_load(
                             end=read.end,
                             tensors=tuple(t.name for t in read.tensors),
                         ) from exc
-                    queue.put_nowait((read, buffer))
+                    landed.put_nowait((read, buffer))
                     handed_over = True
                     last_read_done = time.perf_counter()
                 finally:
                     if not handed_over:
-                        staged -= read.nbytes
-                        budget.release(read.nbytes)
+                        device.release(read)
+                        staged -= cost
+                        budget.release(cost)
 
-        async def consumer() -> None:
-            nonlocal copy_seconds, staged
+        async def submitter() -> None:
+            # Copies start in the order reads land; a GPU runs them on one stream
+            # while the readers go on filling other slots.
             for _ in range(len(reads)):
-                read, buffer = await queue.get()
-                allocation = allocations[read.span]
-                t0 = time.perf_counter()
+                read, buffer = await landed.get()
+                token = device.submit(read, allocations[read.span], buffer)
+                copying.put_nowait((read, token, time.perf_counter()))
+
+        async def completer() -> None:
+            nonlocal copy_seconds, copy_free_at, staged
+            for _ in range(len(reads)):
+                read, token, submitted = await copying.get()
                 try:
-                    await device.commit(read, allocation, buffer)
+                    await device.wait(read, token)
                 finally:
-                    staged -= read.nbytes
-                    budget.release(read.nbytes)
-                copy_seconds += time.perf_counter() - t0
+                    cost = device.cost(read)
+                    staged -= cost
+                    budget.release(cost)
+                done = time.perf_counter()
+                # Time the copy engine was busy: copies run one after another.
+                copy_seconds += done - max(submitted, copy_free_at)
+                copy_free_at = done
+                allocation = allocations[read.span]
                 for tensor in read.tensors:
                     waiting_on[tensor.name] -= 1
                     if waiting_on[tensor.name] == 0:
@@ -287,12 +303,23 @@ async def run_load(
 
         try:
             workers = min(limits.concurrency, len(reads))
-            await _gather([reader() for _ in range(workers)] + [consumer()])
+            await _gather([reader() for _ in range(workers)] + [submitter(), completer()])
         finally:
-            # Reads that landed but were never committed still hold budget.
-            while not queue.empty():
-                read, _ = queue.get_nowait()
-                budget.release(read.nbytes)
+            # Reads that landed but were never submitted or completed still hold
+            # staging and budget.
+            while not landed.empty():
+                read, _ = landed.get_nowait()
+                device.release(read)
+                budget.release(device.cost(read))
+            while not copying.empty():
+                read, token, _ = copying.get_nowait()
+                try:
+                    # A submitted copy may still be reading its slot: let it finish.
+                    await device.wait(read, token)
+                except Exception:
+                    pass
+                finally:
+                    budget.release(device.cost(read))
     finally:
         for blob in blobs:
             await blob.aclose()
@@ -312,4 +339,11 @@ async def run_load(
         settings=limits.as_dict(),
     )
     logger.info("%s", report.summary())
+    if report.copy_seconds and report.total_seconds > 1.0 and report.overlap < 0.5:
+        logger.warning(
+            "%s: reads and copies overlapped only %.0f%%; %s",
+            url,
+            report.overlap * 100,
+            report.advice(),
+        )
     return report

@@ -41,6 +41,33 @@ class LoadReport:
     settings: dict[str, int] = field(default_factory=dict)
 
     @property
+    def overlap(self) -> float:
+        """Share of the shorter phase (read or copy) hidden behind the longer one, 0 to 1."""
+        data_phase = self.total_seconds - self.header_seconds
+        shorter = min(self.read_seconds, self.copy_seconds)
+        if shorter <= 0:
+            return 1.0
+        hidden = self.read_seconds + self.copy_seconds - data_phase
+        return max(0.0, min(1.0, hidden / shorter))
+
+    @property
+    def bottleneck(self) -> str:
+        """``"storage"`` when reading took longest, ``"copy"`` when moving to the device did."""
+        return "copy" if self.copy_seconds > self.read_seconds else "storage"
+
+    def advice(self) -> str:
+        """What the bottleneck means for the user, in a sentence."""
+        if self.bottleneck == "copy":
+            return (
+                "copying to the device took longer than reading: the host-to-device link "
+                "(PCIe) or pinned host memory is the limit; more concurrency will not help"
+            )
+        return (
+            "reading took longest: storage (disk or network) is the limit; if raising "
+            "concurrency does not raise the throughput, the storage is at its ceiling"
+        )
+
+    @property
     def throughput(self) -> float:
         """Bytes per second over the whole load."""
         return self.bytes / self.total_seconds if self.total_seconds > 0 else 0.0
@@ -56,10 +83,13 @@ class LoadReport:
             f"copy {self.copy_seconds:.2f} s; concurrency={s.get('concurrency')} "
             f"chunk_size={format_size(s.get('chunk_size', 0))} "
             f"memory_limit={format_size(s.get('memory_limit', 0))}, "
-            f"peak staging {format_size(self.peak_staging_bytes)}) from {self.url}"
+            f"peak staging {format_size(self.peak_staging_bytes)}, bottleneck {self.bottleneck}"
+            f"{f', overlap {self.overlap:.0%}' if self.copy_seconds else ''}) from {self.url}"
         )
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["throughput_bytes_per_second"] = self.throughput
+        data["overlap"] = self.overlap
+        data["bottleneck"] = self.bottleneck
         return data

@@ -9,7 +9,9 @@ import pytest
 
 
 def _reader_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("aioloader-read")]
+    return [
+        t for t in threading.enumerate() if t.name.startswith(("aioloader-read", "aioloader-copy"))
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -31,3 +33,15 @@ def no_leaks() -> Iterator[None]:
 
 
 from .fixtures_remote import http_server, moto_auth_server, moto_server, s3_env  # noqa: E402, F401
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """GPU tests run only where torch sees a CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,29 +1,51 @@
-"""Pick the destination for a ``device=`` argument."""
+"""Pick the destination for ``device=`` and ``framework=`` arguments."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..config import Limits
 from ..errors import ConfigError
 from .base import Device
 
-__all__ = ["device_for"]
+__all__ = ["FRAMEWORKS", "device_for"]
+
+FRAMEWORKS = ("torch", "numpy", "cupy")
 
 
-def device_for(device: Any) -> Device:
-    """A Device for ``"cpu"``, a ``torch.device``, or an existing Device.
+def device_for(device: Any, limits: Limits, framework: str = "torch") -> Device:
+    """A Device for ``"cpu"``, ``"cuda"``, ``"cuda:N"``, a ``torch.device``, a Device,
+    or a CopyEngine (wrapped in a staging ring sized by ``limits``).
 
     Raises:
-        ConfigError: the device is not one this version can fill.
+        ConfigError: the device or framework is unknown or unavailable here.
     """
+    from .staged import CopyEngine, StagedDevice
+
     if isinstance(device, Device):
         return device
+    if isinstance(device, CopyEngine):
+        return StagedDevice(device, limits)
+    if framework not in FRAMEWORKS:
+        raise ConfigError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
     text = str(device).lower()
     if text == "cpu":
+        if framework == "cupy":
+            raise ConfigError("framework='cupy' puts arrays on a GPU: use device='cuda'")
         from .cpu import CpuDevice
 
-        return CpuDevice()
+        return CpuDevice(framework)
+    if text == "cuda" or text.startswith("cuda:"):
+        if framework == "numpy":
+            raise ConfigError("framework='numpy' gives host arrays: use device='cpu'")
+        if framework == "cupy":
+            from .cupy import CupyEngine
+
+            index = int(text.partition(":")[2] or 0)
+            return StagedDevice(CupyEngine(index), limits)
+        from .cuda import TorchCudaEngine
+
+        return StagedDevice(TorchCudaEngine(device), limits)
     raise ConfigError(
-        f"device {device!r} is not supported by this version of aioloader; it loads into "
-        "host memory (device='cpu'): move the tensors afterwards with .to(device)"
+        f"device {device!r} is not supported; use 'cpu', 'cuda' or 'cuda:N' (or a torch.device)"
     )

@@ -2,9 +2,10 @@
 
 A load asks the device for the memory of each span of neighbouring tensors
 (``allocate``), for the buffer a read should fill (``staging``) and, once a read
-has landed, to move those bytes to their destination (``commit``). A device
-whose staging buffer is the destination itself (host memory) has nothing to do
-in ``commit``; one with a separate staging area (a GPU) copies from it there.
+has landed, to move those bytes to their destination (``submit``, then ``wait``
+for that copy). A device whose staging buffer is the destination itself (host
+memory) has nothing to submit; one with a separate staging ring (a GPU) starts
+an asynchronous copy and frees the staging slot when it has completed.
 """
 
 from __future__ import annotations
@@ -45,9 +46,22 @@ class Device(ABC):
     def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
         """The writable buffer of ``read.nbytes`` bytes that the reader fills."""
 
-    @abstractmethod
-    async def commit(self, read: Read, allocation: SpanAllocation, buffer: memoryview) -> None:
-        """Move a finished read's bytes from staging to destination."""
+    def cost(self, read: Read) -> int:
+        """Staging budget bytes a read holds from ``staging`` until its copy completes."""
+        return read.nbytes
+
+    async def prepare(self) -> None:  # noqa: B027 - optional hook
+        """Set up staging memory before the first read (called once per load)."""
+
+    def submit(self, read: Read, allocation: SpanAllocation, buffer: memoryview) -> Any:
+        """Start moving a finished read's bytes to their destination; returns a token."""
+        return None
+
+    async def wait(self, read: Read, token: Any) -> None:  # noqa: B027 - optional hook
+        """Return when the move started by ``submit`` is complete; frees its staging."""
+
+    def release(self, read: Read) -> None:  # noqa: B027 - optional hook
+        """Free the staging of a read that will never be submitted (failure, cancellation)."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release device resources; idempotent."""

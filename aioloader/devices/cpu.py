@@ -4,7 +4,8 @@ Span memory comes from NumPy rather than ``torch.empty``: NumPy asks the
 kernel for transparent huge pages on large arrays, and on the machines we
 measured a read into fresh NumPy memory ran several times faster than into
 ``torch.empty`` memory of the same size (fewer page faults; see
-docs/benchmarks.md). The tensor is then a zero-copy torch view of that array.
+docs/benchmarks.md). The tensor is then a zero-copy torch (or NumPy) view of that array. The
+tensors of one span share its buffer, which is freed when the last is dropped.
 """
 
 from __future__ import annotations
@@ -60,40 +61,56 @@ class HostSpan(SpanAllocation):
 
     __slots__ = ("_tensors", "array", "span")
 
-    def __init__(self, span: Span) -> None:
-        import torch
-
+    def __init__(self, span: Span, framework: str = "torch") -> None:
         self.span = span
         raw = np.empty(span.nbytes + ALIGNMENT, dtype=np.uint8)
         skip = -raw.ctypes.data % ALIGNMENT
         self.array = raw[skip : skip + span.nbytes]
         self._tensors: dict[str, Any] = {}
         for info in span.tensors:
-            dtype = torch_dtype(info.dtype, tensor=info.name)
             offset = info.start - span.start
-            flat = torch.from_numpy(self.array[offset : offset + info.nbytes])
-            self._tensors[info.name] = flat.view(dtype).reshape(info.shape)
+            flat = self.array[offset : offset + info.nbytes]
+            if framework == "numpy":
+                from .cupy import numpy_dtype
+
+                array = flat.view(numpy_dtype(info, "NumPy")).reshape(info.shape)
+                self._tensors[info.name] = array
+            else:
+                import torch
+
+                dtype = torch_dtype(info.dtype, tensor=info.name)
+                self._tensors[info.name] = torch.from_numpy(flat).view(dtype).reshape(info.shape)
 
     def tensor(self, info: TensorInfo) -> Any:
         return self._tensors[info.name]
 
 
 class CpuDevice(Device):
-    """Tensors in host memory, filled in place with no intermediate copy."""
+    """Tensors in host memory, filled in place with no intermediate copy.
+
+    Args:
+        framework: ``"torch"`` for torch tensors, ``"numpy"`` for NumPy arrays.
+    """
 
     name = "cpu"
 
-    def __init__(self) -> None:
-        # Import torch now, not inside the first load's timing (it takes seconds).
-        import torch  # noqa: F401
+    def __init__(self, framework: str = "torch") -> None:
+        self._framework = framework
+        if framework == "torch":
+            # Import torch now, not inside the first load's timing (it takes seconds).
+            import torch  # noqa: F401
 
     def __repr__(self) -> str:
-        return "<CpuDevice>"
+        return f"<CpuDevice framework={self._framework}>"
 
     def allocate(self, span: Span) -> HostSpan:
-        return HostSpan(span)
+        return HostSpan(span, self._framework)
 
     def empty(self, info: TensorInfo) -> Any:
+        if self._framework == "numpy":
+            from .cupy import numpy_dtype
+
+            return np.empty(info.shape, dtype=numpy_dtype(info, "NumPy"))
         import torch
 
         return torch.empty(info.shape, dtype=torch_dtype(info.dtype, tensor=info.name))
@@ -102,6 +119,3 @@ class CpuDevice(Device):
         assert isinstance(allocation, HostSpan)
         base = allocation.span.start
         return memoryview(allocation.array[read.start - base : read.end - base])  # type: ignore[arg-type]
-
-    async def commit(self, read: Read, allocation: SpanAllocation, buffer: memoryview) -> None:
-        return None

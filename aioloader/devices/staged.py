@@ -1,0 +1,250 @@
+"""Devices with a separate staging area: a ring of page-locked host buffers.
+
+Readers fill ring slots; the pipeline then submits each slot to a copy engine
+(an asynchronous host-to-device copy on a dedicated CUDA stream, for a GPU) and,
+once the engine reports the copy complete, the slot returns to the ring and its
+budget to the readers. So a load takes about as long as the slower of reading
+and copying, and host memory never exceeds ``memory_limit``. Each tensor's
+device memory is allocated once per span and filled chunk by chunk, so a tensor
+larger than the whole ring still loads, streamed through it.
+
+The engine is the only part that knows about a GPU. ``HostCopyEngine`` runs the
+identical path into host memory (its "stream" is one copy thread), which is how
+the ring, its bound and its recycling are tested on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..config import Limits
+from ..errors import FormatError
+from ..plan import ALIGNMENT, Read, Span
+from ..safetensors import DTYPE_SIZES, TensorInfo
+from .base import Device, SpanAllocation
+
+__all__ = ["CopyEngine", "HostCopyEngine", "RingStatistics", "StagedDevice"]
+
+
+class CopyEngine(ABC):
+    """Moves bytes from page-locked host memory to a device, asynchronously."""
+
+    name: str
+
+    @abstractmethod
+    def pinned(self, nbytes: int) -> tuple[Any, memoryview]:
+        """Page-locked host memory (4 KiB-aligned): an owner handle and a writable view."""
+
+    @abstractmethod
+    def destination(self, span: Span) -> tuple[Any, dict[str, Any]]:
+        """Device memory for a span, and its tensors (views into it) by name."""
+
+    @abstractmethod
+    def empty(self, info: TensorInfo) -> Any:
+        """A tensor with no elements on the device."""
+
+    @abstractmethod
+    def submit(self, source: Any, offset: int, target: Any, target_offset: int, nbytes: int) -> Any:
+        """Start copying ``nbytes`` from ``source[offset:]`` to ``target[target_offset:]``.
+
+        Returns a token for ``wait``; copies complete in submission order.
+        """
+
+    @abstractmethod
+    async def wait(self, token: Any) -> None:
+        """Return once the copy of ``token`` is complete, without blocking the loop."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release streams and threads."""
+
+
+def check_alignment(info: TensorInfo, span: Span) -> None:
+    """Device tensors are typed views of a byte buffer: each must start on its element size."""
+    size = DTYPE_SIZES[info.dtype]
+    if (info.start - span.start) % size:
+        raise FormatError(
+            f"{span.url}: tensor {info.name!r} starts at byte {info.start}, not a multiple of "
+            f"its {size}-byte element size, so it cannot be placed on a device in place; "
+            "re-save the file with the safetensors library (which aligns tensors) or load to cpu"
+        )
+
+
+class RingStatistics:
+    """Use of the staging ring, for tests and reports."""
+
+    def __init__(self, slots: int, slot_size: int) -> None:
+        self.slots = slots
+        self.slot_size = slot_size
+        self.in_use = 0
+        self.peak_in_use = 0
+        self.slots_touched: set[int] = set()
+        self.copies = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<RingStatistics slots={self.slots} slot_size={self.slot_size} in_use={self.in_use} "
+            f"peak={self.peak_in_use} touched={len(self.slots_touched)} copies={self.copies}>"
+        )
+
+
+class _DeviceSpan(SpanAllocation):
+    __slots__ = ("_tensors", "buffer", "span")
+
+    def __init__(self, span: Span, buffer: Any, tensors: dict[str, Any]) -> None:
+        self.span = span
+        self.buffer = buffer
+        self._tensors = tensors
+
+    def tensor(self, info: TensorInfo) -> Any:
+        return self._tensors[info.name]
+
+
+class StagedDevice(Device):
+    """A destination filled through a ring of pinned staging slots.
+
+    Args:
+        engine: the copy engine (CUDA via torch or CuPy, or host memory for tests).
+        limits: ``memory_limit`` sizes the ring, ``chunk_size`` its slots.
+    """
+
+    def __init__(self, engine: CopyEngine, limits: Limits) -> None:
+        self.name = engine.name
+        self._engine = engine
+        self._slot_size = max(ALIGNMENT, limits.read_size - limits.read_size % ALIGNMENT)
+        self._slots = max(2, limits.staging_bytes // self._slot_size)
+        self._ring: Any = None
+        self._views: list[memoryview] = []
+        self._free: list[int] = []
+        self._slot_of: dict[int, int] = {}
+        self._lock = asyncio.Lock()
+        self.ring = RingStatistics(self._slots, self._slot_size)
+
+    def __repr__(self) -> str:
+        return f"<StagedDevice {self.name} {self.ring!r}>"
+
+    def cost(self, read: Read) -> int:
+        return self._slot_size
+
+    @property
+    def ring_bytes(self) -> int:
+        return self._slots * self._slot_size
+
+    async def prepare(self) -> None:
+        if self._ring is not None:
+            return
+        async with self._lock:
+            if self._ring is None:
+                # Page-locking gigabytes takes a while: not on the event loop.
+                owner, view = await asyncio.to_thread(self._engine.pinned, self.ring_bytes)
+                self._views = [
+                    view[i * self._slot_size : (i + 1) * self._slot_size]
+                    for i in range(self._slots)
+                ]
+                self._free = list(range(self._slots - 1, -1, -1))
+                self._ring = owner
+
+    def allocate(self, span: Span) -> SpanAllocation:
+        for info in span.tensors:
+            check_alignment(info, span)
+        buffer, tensors = self._engine.destination(span)
+        return _DeviceSpan(span, buffer, tensors)
+
+    def empty(self, info: TensorInfo) -> Any:
+        return self._engine.empty(info)
+
+    def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
+        # The budget admits at most one read per slot, so a slot is always free here.
+        slot = self._free.pop()
+        self._slot_of[id(read)] = slot
+        stats = self.ring
+        stats.in_use += 1
+        stats.peak_in_use = max(stats.peak_in_use, stats.in_use)
+        stats.slots_touched.add(slot)
+        return self._views[slot][: read.nbytes]
+
+    def submit(self, read: Read, allocation: SpanAllocation, buffer: memoryview) -> Any:
+        assert isinstance(allocation, _DeviceSpan)
+        slot = self._slot_of[id(read)]
+        span = allocation.span
+        # Bytes past the end of the file were never read: do not copy them.
+        last = max(t.end for t in span.tensors)
+        nbytes = min(read.end, last) - read.start
+        self.ring.copies += 1
+        return self._engine.submit(
+            self._ring, slot * self._slot_size, allocation.buffer, read.start - span.start, nbytes
+        )
+
+    async def wait(self, read: Read, token: Any) -> None:
+        waiting = asyncio.ensure_future(self._engine.wait(token))
+        try:
+            await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            # The copy cannot be called back: keep its slot until it has finished
+            # reading from it, or the next read would overwrite bytes in flight.
+            while not waiting.done():
+                try:
+                    await asyncio.wait([waiting])
+                except asyncio.CancelledError:
+                    continue
+            raise
+        finally:
+            if waiting.done():
+                self.release(read)
+
+    def release(self, read: Read) -> None:
+        slot = self._slot_of.pop(id(read), None)
+        if slot is not None:
+            self._free.append(slot)
+            self.ring.in_use -= 1
+
+    async def aclose(self) -> None:
+        await self._engine.aclose()
+        self._ring = None
+        self._views = []
+
+
+class HostCopyEngine(CopyEngine):
+    """Copies into host memory through the same ring: the GPU path, testable anywhere.
+
+    Its "stream" is one thread running copies in submission order, so copies
+    overlap reads exactly as on a GPU.
+    """
+
+    name = "host-staged"
+
+    def __init__(self) -> None:
+        self._stream = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aioloader-copy")
+
+    def pinned(self, nbytes: int) -> tuple[Any, memoryview]:
+        raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+        skip = -raw.ctypes.data % ALIGNMENT
+        array = raw[skip : skip + nbytes]
+        return array, memoryview(array)  # type: ignore[arg-type]
+
+    def destination(self, span: Span) -> tuple[Any, dict[str, Any]]:
+        from .cpu import HostSpan
+
+        host = HostSpan(span)
+        return host.array, {t.name: host.tensor(t) for t in span.tensors}
+
+    def empty(self, info: TensorInfo) -> Any:
+        from .cpu import CpuDevice
+
+        return CpuDevice().empty(info)
+
+    def submit(self, source: Any, offset: int, target: Any, target_offset: int, nbytes: int) -> Any:
+        def copy() -> None:
+            target[target_offset : target_offset + nbytes] = source[offset : offset + nbytes]
+
+        return self._stream.submit(copy)
+
+    async def wait(self, token: Future[None]) -> None:
+        await asyncio.wrap_future(token)
+
+    async def aclose(self) -> None:
+        self._stream.shutdown(wait=True)
