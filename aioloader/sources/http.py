@@ -18,9 +18,12 @@ import random
 import re
 import ssl
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urljoin, urlparse
+
+from multidict import CIMultiDict
 
 from ..config import HttpOptions
 from ..errors import (
@@ -34,6 +37,7 @@ from ..errors import (
 )
 from ..throttle import AdaptiveLimiter
 from .base import Blob, Source
+from .wire import Answer, RangeClient, WireError
 
 __all__ = ["HttpBlob", "HttpSource"]
 
@@ -75,6 +79,18 @@ class _Filler:
     @property
     def remaining(self) -> int:
         return self.total - self.written
+
+    def current(self) -> memoryview:
+        """The free part of the buffer being filled (for reads straight into it)."""
+        return self._buffers[self._index][self._offset :]
+
+    def advance(self, nbytes: int) -> None:
+        """Count ``nbytes`` written into ``current()``."""
+        self._offset += nbytes
+        self.written += nbytes
+        if self._offset == self._buffers[self._index].nbytes and self.written < self.total:
+            self._index += 1
+            self._offset = 0
 
     def write(self, chunk: bytes | memoryview) -> None:
         if len(chunk) > self.remaining:
@@ -225,6 +241,20 @@ class HttpBlob(Blob):
         await self._close_stream()
 
 
+class _WireResponse:
+    """A direct-client answer, shaped like the parts of an aiohttp response we read."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.status = answer.status
+        self.reason = answer.reason
+        self.headers = CIMultiDict(answer.headers)
+        self.content = self
+        self._body = answer.body
+
+    async def read(self, n: int = -1) -> bytes:
+        return self._body if n < 0 else self._body[:n]
+
+
 def _is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError)
 
@@ -244,6 +274,7 @@ class HttpSource(Source):
         self._options = options or HttpOptions()
         self._limiter = AdaptiveLimiter(concurrency)
         self._session: Any = None
+        self._wire: RangeClient | None = None
         self._closed = False
         self._warned: set[str] = set()
 
@@ -487,6 +518,8 @@ class HttpSource(Source):
         start = offset + filler.written
         last = offset + filler.total - 1
         headers = {"Range": f"bytes={start}-{last}", **blob.pin_headers()}
+        if await self._fetch_range_direct(blob, start, filler, headers):
+            return
         try:
             response = await self._request(blob.url, blob.fetch_url, headers)
             async with response:
@@ -501,6 +534,59 @@ class HttpSource(Source):
                     filler.write(chunk)
         except self._transport_errors() as exc:
             raise _Retryable(str(exc) or type(exc).__name__, timeout=_is_timeout(exc)) from exc
+
+    async def _fetch_range_direct(
+        self, blob: HttpBlob, start: int, filler: _Filler, headers: dict[str, str]
+    ) -> bool:
+        """The hot path: the body goes from the socket straight into ``filler``.
+
+        Returns False when the answer is not a plain ``206`` for this version (an
+        error, a redirect, ...): the caller then asks again through aiohttp.
+        """
+        url = self._wire_url(blob.fetch_url)
+        if url is None:
+            return False
+        if self._wire is None:
+            self._wire = RangeClient(
+                self._ssl_context(), self._options.connect_timeout, self._options.stall_timeout
+            )
+        prepared = await self._prepare(
+            blob.url, blob.fetch_url, {"Accept-Encoding": "identity", **headers}
+        )
+
+        def accept(answer: Answer) -> bool:
+            if answer.status != 206:
+                return False
+            self._check_same_version(blob, _WireResponse(answer), start)
+            return True
+
+        try:
+            refused = await self._wire.get_into(
+                url, prepared, filler.remaining, filler.current, filler.advance, accept
+            )
+        except WireError as exc:
+            raise _Retryable(str(exc), timeout=exc.timeout) from exc
+        if refused is None:
+            return True
+        if refused.status in _REDIRECT_STATUSES:
+            return False  # aiohttp follows redirects, with our header rules
+        response = _WireResponse(refused)
+        await self._check_status(blob.url, response, blob.etag)
+        self._check_same_version(blob, response, start)
+        return False
+
+    def _wire_url(self, fetch_url: str) -> str | None:
+        """The URL for the direct client, or None where only aiohttp will do (proxies)."""
+        from yarl import URL
+
+        target = self._target(fetch_url)
+        url = target if isinstance(target, URL) else URL(target)
+        if url.scheme not in ("http", "https") or url.host is None:
+            return None
+        proxies = urllib.request.getproxies()
+        if url.scheme in proxies and not urllib.request.proxy_bypass(url.host):
+            return None
+        return str(url)
 
     def _check_same_version(self, blob: HttpBlob, response: Any, start: int) -> None:
         changed = None
@@ -546,6 +632,9 @@ class HttpSource(Source):
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._wire is not None:
+            self._wire.close()
+            self._wire = None
         session, self._session = self._session, None
         if session is not None:
             await session.close()

@@ -1,0 +1,311 @@
+"""A minimal HTTP/1.1 range client whose response bodies land in the caller's memory.
+
+aiohttp hands a body over as ``bytes`` chunks, which then have to be copied into
+the tensor: two copies and an object per chunk. For the hot path, one range GET
+per chunk of a model, this client reads the socket with ``recv_into`` straight
+into the destination buffer (asyncio's BufferedProtocol): the kernel's copy is
+the only one. It does only that: keep-alive connections, a request with the
+caller's (signed) headers, a ``206`` with ``Content-Length``. Any other answer
+is handed back to the caller, who repeats the request through aiohttp, which
+knows the rest of HTTP (errors, redirects, chunked bodies, proxies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+__all__ = ["Answer", "RangeClient", "WireError"]
+
+_HEAD_LIMIT = 64 * 1024
+T = TypeVar("T")
+
+
+class WireError(Exception):
+    """The connection failed or the peer broke the protocol; the request may be retried."""
+
+    def __init__(self, reason: str, *, timeout: bool = False) -> None:
+        super().__init__(reason)
+        self.timeout = timeout
+
+
+@dataclass
+class Answer:
+    """Status and headers of a response (names lower-cased)."""
+
+    status: int
+    reason: str
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""  # the body of a refused answer, when short (error details)
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One keep-alive connection; the body of each response goes where ``sink`` says."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._head = bytearray(_HEAD_LIMIT)
+        self._head_filled = 0
+        self._in_body = False
+        self._sink: Callable[[], memoryview] | None = None
+        self._advance: Callable[[int], None] | None = None
+        self._body_left = 0
+        self._answer: asyncio.Future[Answer] | None = None
+        self._done: asyncio.Future[None] | None = None
+        self.reusable = True
+        self.progress = 0  # bytes received, for stall detection
+        # Between a response's headers and the caller taking its body, arriving
+        # body bytes wait in the head buffer.
+        self._holding = False
+
+    # asyncio calls these ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._in_body and self._sink is not None and self._body_left:
+            view = self._sink()
+            return view[: self._body_left] if view.nbytes > self._body_left else view
+        return memoryview(self._head)[self._head_filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.progress += nbytes
+        if self._in_body:
+            self._take_body(nbytes)
+            return
+        self._head_filled += nbytes
+        if self._holding:
+            if self._head_filled == len(self._head) and self.transport is not None:
+                self.transport.pause_reading()
+            return
+        end = self._head.find(b"\r\n\r\n", 0, self._head_filled)
+        if end < 0:
+            if self._head_filled == len(self._head):
+                self._fail(WireError("response headers exceed 64 KiB"))
+            return
+        self._parse_head(end)
+
+    def eof_received(self) -> bool:
+        self._fail(WireError("server closed the connection"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
+        self._fail(WireError(f"connection lost: {exc}" if exc else "connection closed"))
+
+    # ------------------------------------------------------------------------------------
+
+    def _fail(self, error: WireError) -> None:
+        self.reusable = False
+        for future in (self._answer, self._done):
+            if future is not None and not future.done():
+                future.set_exception(error)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _parse_head(self, end: int) -> None:
+        lines = bytes(self._head[:end]).decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        code, _, reason = rest.partition(" ")
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        try:
+            answer = Answer(int(code), reason, headers)
+        except ValueError:
+            self._fail(WireError(f"malformed status line {lines[0]!r}"))
+            return
+        if version != "HTTP/1.1" or headers.get("connection", "").lower() == "close":
+            self.reusable = False
+        extra = bytes(self._head[end + 4 : self._head_filled])
+        self._head[: len(extra)] = extra
+        self._head_filled = len(extra)
+        self._holding = True
+        assert self._answer is not None
+        self._answer.set_result(answer)
+
+    def _take_body(self, nbytes: int) -> None:
+        assert self._advance is not None
+        self._advance(nbytes)
+        self._body_left -= nbytes
+        if self._body_left == 0 and self._done is not None and not self._done.done():
+            self._in_body = False
+            self._done.set_result(None)
+
+    # used by RangeClient ----------------------------------------------------------------
+
+    def send(self, request: bytes) -> asyncio.Future[Answer]:
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        self._answer = loop.create_future()
+        self._done = None
+        self.transport.write(request)
+        return self._answer
+
+    def receive_body(
+        self, length: int, sink: Callable[[], memoryview], advance: Callable[[int], None]
+    ) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+        self._sink, self._advance, self._body_left = sink, advance, length
+        early = bytes(self._head[: self._head_filled])
+        self._head_filled = 0
+        self._holding = False
+        if len(early) > length:
+            self._fail(WireError("server sent more bytes than the response announced"))
+            return self._done
+        position = 0
+        while position < len(early):
+            view = sink()
+            n = min(view.nbytes, len(early) - position)
+            view[:n] = early[position : position + n]
+            position += n
+            advance(n)
+            self._body_left -= n
+        if self._body_left == 0:
+            self._done.set_result(None)
+        else:
+            self._in_body = True
+        if self.transport is not None:
+            self.transport.resume_reading()
+        return self._done
+
+
+class RangeClient:
+    """Keep-alive connections per origin, for range GETs into caller buffers.
+
+    Args:
+        ssl_context: for https (``None``: the default trust store).
+        connect_timeout: seconds to connect.
+        stall_timeout: seconds without a byte before a transfer counts as stalled.
+    """
+
+    def __init__(
+        self, ssl_context: ssl.SSLContext | None, connect_timeout: float, stall_timeout: float
+    ) -> None:
+        self._ssl = ssl_context
+        self._connect_timeout = connect_timeout
+        self._stall_timeout = stall_timeout
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._closed = False
+
+    async def _connect(self, scheme: str, host: str, port: int) -> _Connection:
+        key = (scheme, host, port)
+        idle = self._idle.get(key)
+        while idle:
+            connection = idle.pop()
+            if (
+                connection.reusable
+                and connection.transport
+                and not connection.transport.is_closing()
+            ):
+                return connection
+        loop = asyncio.get_running_loop()
+        context: ssl.SSLContext | None = None
+        if scheme == "https":
+            context = self._ssl or ssl.create_default_context()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, protocol = await loop.create_connection(
+                    _Connection, host, port, ssl=context, server_hostname=host if context else None
+                )
+        except (OSError, TimeoutError) as exc:
+            raise WireError(
+                f"cannot connect to {host}:{port}: {exc}", timeout=isinstance(exc, TimeoutError)
+            ) from exc
+        return protocol
+
+    async def get_into(
+        self,
+        url: str,
+        headers: dict[str, str],
+        length: int,
+        sink: Callable[[], memoryview],
+        advance: Callable[[int], None],
+        accept: Callable[[Answer], bool],
+    ) -> Answer | None:
+        """GET ``url``; if ``accept`` approves the answer, put ``length`` body bytes into ``sink``.
+
+        Returns:
+            ``None`` when the body was received in full; the Answer when ``accept``
+            refused it (the connection is then dropped and the caller may repeat the
+            request another way).
+
+        Raises:
+            WireError: connection failure, stall or protocol violation (bytes that
+                did arrive have been passed to ``advance``).
+        """
+        parts = urlsplit(url)
+        scheme = parts.scheme
+        port = parts.port or (443 if scheme == "https" else 80)
+        host = parts.hostname or ""
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        lines = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc.rpartition('@')[2]}"]
+        lines += [f"{name}: {value}" for name, value in headers.items() if name.lower() != "host"]
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+        connection = await self._connect(scheme, host, port)
+        ok = False
+        try:
+            answer = await self._stalling(connection, connection.send(request))
+            if not accept(answer) or int(answer.headers.get("content-length", -1)) != length:
+                await self._read_short_body(connection, answer)
+                return answer
+            await self._stalling(connection, connection.receive_body(length, sink, advance))
+            ok = True
+            return None
+        finally:
+            if ok and connection.reusable and not self._closed:
+                self._idle.setdefault((scheme, host, port), []).append(connection)
+            elif connection.transport is not None:
+                connection.transport.abort()
+
+    async def _read_short_body(self, connection: _Connection, answer: Answer) -> None:
+        """Keep a short body of a refused answer (an error document) for the caller."""
+        size = int(answer.headers.get("content-length", -1) or -1)
+        if not 0 < size <= _HEAD_LIMIT:
+            return
+        body = bytearray(size)
+        filled = 0
+
+        def sink() -> memoryview:
+            return memoryview(body)[filled:]
+
+        def advance(n: int) -> None:
+            nonlocal filled
+            filled += n
+
+        try:
+            await self._stalling(connection, connection.receive_body(size, sink, advance))
+        except WireError:
+            return
+        answer.body = bytes(body)
+
+    async def _stalling(self, connection: _Connection, future: asyncio.Future[T]) -> T:
+        """Wait for ``future``, failing only when no byte arrives for ``stall_timeout``."""
+        while True:
+            seen = connection.progress
+            done, _ = await asyncio.wait([future], timeout=self._stall_timeout)
+            if done:
+                return future.result()
+            if connection.progress == seen:
+                connection.reusable = False
+                future.cancel()
+                raise WireError(
+                    f"no data for {self._stall_timeout:g} s (stall timeout)", timeout=True
+                )
+
+    def close(self) -> None:
+        self._closed = True
+        for connections in self._idle.values():
+            for connection in connections:
+                if connection.transport is not None:
+                    connection.transport.abort()
+        self._idle.clear()
