@@ -456,3 +456,11 @@ async def test_cancel_mid_load(http_server: FaultyHttpServer, after_gets: int) -
         assert limiter.in_flight == 0 and limiter.waiting == 0
     # The server's handlers end once their clients are gone.
     assert await poll(lambda: http_server.in_flight == 0)
+
+
+def test_under_uvloop(http_server: FaultyHttpServer) -> None:
+    """The direct range client also runs on uvloop (which the CLI and daemon use)."""
+    uvloop = pytest.importorskip("uvloop")
+    path = write_big(http_server.root, count=8)
+    got = uvloop.run(load_model(http_server.url_for(NAME), chunk_size="64KiB", concurrency=4))
+    assert_matches_files(got, path)

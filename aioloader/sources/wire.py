@@ -65,8 +65,8 @@ class _Connection(asyncio.BufferedProtocol):
     # asyncio calls these ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self.transport = transport  # type: ignore[assignment]
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._in_body and self._sink is not None and self._body_left:
