@@ -178,7 +178,7 @@ class Loader:
         device: where tensors go: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``.
         framework: ``"torch"`` tensors, ``"numpy"`` host arrays or ``"cupy"`` GPU arrays.
         limits: a Limits; or give its fields one by one:
-        concurrency: reads in flight at once (default 8).
+        concurrency: reads in flight at once (default 16).
         chunk_size: the largest single read, e.g. ``"16MiB"``.
         memory_limit: bytes in flight and staged at once (default: derived from
             the container's memory limit; a value above it is refused).

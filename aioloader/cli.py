@@ -150,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
 
     load = sub.add_parser("load", help="load a model and report how long it took")
     load.add_argument("url", help="file, folder of shards, or *.safetensors.index.json")
-    load.add_argument("--concurrency", type=int, help="reads in flight (default 8)")
+    load.add_argument("--concurrency", type=int, help="reads in flight (default 16)")
     load.add_argument("--chunk-size", help="largest single read, e.g. 16MiB")
     load.add_argument("--memory-limit", help="bytes in flight and staged, e.g. 2GiB")
     load.add_argument(

@@ -14,7 +14,7 @@ KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 
-DEFAULT_CONCURRENCY = 8
+DEFAULT_CONCURRENCY = 16
 DEFAULT_CHUNK_SIZE = 16 * MiB
 # The staging budget by default takes this share of what the container allows,
 # leaving the rest for the tensors themselves, the framework and the server.
