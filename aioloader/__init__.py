@@ -9,9 +9,11 @@ where they are first used.
 from __future__ import annotations
 
 from .api import Loader, ModelInfo, StreamStatistics, TensorStream, inspect_model, load_model
+from .cache import CachedModel, ModelCache
 from .config import HttpOptions, Limits, S3Options
 from .errors import (
     AccessDeniedError,
+    CacheError,
     ClosedError,
     ConfigError,
     FormatError,
@@ -32,6 +34,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AccessDeniedError",
+    "CacheError",
+    "CachedModel",
     "ClosedError",
     "ConfigError",
     "FileHeader",
@@ -42,6 +46,7 @@ __all__ = [
     "LoadReport",
     "Loader",
     "LoaderError",
+    "ModelCache",
     "ModelInfo",
     "NotFoundError",
     "ObjectChangedError",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
+from .cache import CachingSource, ModelCache
 from .config import HttpOptions, Limits, S3Options
 from .devices.auto import device_for
 from .devices.base import Device
@@ -26,6 +28,19 @@ __all__ = ["Loader", "ModelInfo", "StreamStatistics", "TensorStream", "inspect_m
 _DONE = object()
 
 URL = str | Sequence[str]
+CacheDir = str | os.PathLike[str] | ModelCache | Literal[False] | None
+_CACHED_SCHEMES = ("http", "https", "s3")
+
+
+def _cache_for(cache_dir: CacheDir) -> ModelCache | None:
+    """``None`` means ``$AIOLOADER_CACHE_DIR`` when set, ``False`` no cache at all."""
+    if cache_dir is None:
+        cache_dir = os.environ.get("AIOLOADER_CACHE_DIR") or False
+    if cache_dir is False:
+        return None
+    if isinstance(cache_dir, ModelCache):
+        return cache_dir
+    return ModelCache(cache_dir)
 
 
 def _display(url: URL) -> str:
@@ -185,6 +200,9 @@ class Loader:
         http: retries, timeouts and extra headers for HTTP(S) and S3.
         headers: shorthand for ``HttpOptions(headers=...)``, e.g. an Authorization token.
         s3: endpoint, region, addressing style and anonymous access for S3.
+        cache_dir: a folder (or ModelCache) that remote files are cached in and loaded
+            from while unchanged on the server; default ``$AIOLOADER_CACHE_DIR`` if set,
+            ``False`` for none.
 
     Use as ``async with Loader() as loader:``; ``aclose()`` is idempotent and a
     closed loader refuses new work.
@@ -202,6 +220,7 @@ class Loader:
         headers: Mapping[str, str] | None = None,
         s3: S3Options | None = None,
         framework: str = "torch",
+        cache_dir: CacheDir = None,
     ) -> None:
         if headers is not None:
             http = replace(http or HttpOptions(), headers=tuple(headers.items()))
@@ -213,6 +232,7 @@ class Loader:
         )
         self._device: Device = device_for(device, self.limits, framework)
         self._budget = ByteBudget(self.limits.staging_bytes)
+        self._cache = _cache_for(cache_dir)
         self._sources: dict[str, Source] = {}
         self._streams: set[TensorStream] = set()
         self._closed = False
@@ -226,8 +246,12 @@ class Loader:
         )
 
     def statistics(self) -> dict[str, Any]:
-        """Budget use and open streams, as a snapshot."""
-        return {"budget": self._budget.statistics(), "streams": len(self._streams)}
+        """Budget use, open streams and cache counters, as a snapshot."""
+        return {
+            "budget": self._budget.statistics(),
+            "streams": len(self._streams),
+            "cache": self._cache.statistics() if self._cache is not None else None,
+        }
 
     async def __aenter__(self) -> Loader:
         self._check_open()
@@ -245,7 +269,7 @@ class Loader:
         if self._closed:
             raise ClosedError("this Loader is closed; create a new one")
 
-    def _source(self, url: URL) -> Source:
+    def _source(self, url: URL, *, cached: bool = False) -> Source:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise ConfigError("an empty list of URLs was given; pass at least one file")
@@ -260,7 +284,15 @@ class Loader:
             source = self._sources[scheme] = source_for(
                 urls[0], concurrency=self.limits.concurrency, http=self._http, s3=self._s3
             )
-        return source
+        if not cached or self._cache is None or scheme not in _CACHED_SCHEMES:
+            return source
+        key = f"{scheme}+cache"
+        caching = self._sources.get(key)
+        if caching is None:
+            caching = self._sources[key] = CachingSource(
+                source, self._cache, threads=self.limits.concurrency
+            )
+        return caching
 
     def stream(self, url: URL, *, tensors: Selection = None) -> TensorStream:
         """Stream the tensors of ``url`` as each one completes.
@@ -306,7 +338,7 @@ class Loader:
         self, url: URL, selection: Selection, emit: Any, progress: _Progress, meta: Any
     ) -> LoadReport:
         self._check_open()
-        source = self._source(url)
+        source = self._source(url, cached=True)
         layout = await resolve_layout(source, url)
         return await run_load(
             url=_display(url),
@@ -356,6 +388,7 @@ async def load_model(
     headers: Mapping[str, str] | None = None,
     s3: S3Options | None = None,
     framework: str = "torch",
+    cache_dir: CacheDir = None,
 ) -> dict[str, Any]:
     """Load a safetensors model in one call.
 
@@ -365,7 +398,8 @@ async def load_model(
         device: where the tensors go: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         framework: ``"torch"``, ``"numpy"`` (cpu) or ``"cupy"`` (cuda).
         tensors: names to load, or a predicate on names; ``None`` loads all.
-        limits, concurrency, chunk_size, memory_limit, http, headers, s3: see ``Loader``.
+        limits, concurrency, chunk_size, memory_limit, http, headers, s3, cache_dir:
+            see ``Loader``.
 
     Returns:
         ``{name: torch.Tensor}``, bit-identical to ``safetensors.torch.load_file``.
@@ -383,6 +417,7 @@ async def load_model(
         headers=headers,
         s3=s3,
         framework=framework,
+        cache_dir=cache_dir,
     ) as loader:
         return await loader.load(url, tensors=tensors)
 

@@ -1,4 +1,4 @@
-"""The ``aioloader`` command line: ``load`` and ``inspect``."""
+"""The ``aioloader`` command line: ``load``, ``inspect`` and ``serve``."""
 
 from __future__ import annotations
 
@@ -161,7 +161,22 @@ def _parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="show tensors, dtypes and sizes from the headers")
     inspect.add_argument("url")
     inspect.add_argument("--json", action="store_true", help="print as JSON")
+
+    from .daemon.config import add_arguments
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the preload daemon: keep models in a node-local cache, with an HTTP API",
+        description="Each option also reads the environment variable shown in brackets.",
+    )
+    add_arguments(serve)
     return parser
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from .daemon.server import serve_from_args
+
+    return await serve_from_args(args)
 
 
 def _run(coro: Any) -> int:
@@ -175,11 +190,12 @@ def _run(coro: Any) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aioloader`` command."""
     args = _parser().parse_args(argv)
+    quiet = logging.INFO if args.command == "serve" else logging.WARNING
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
+        level=logging.DEBUG if args.verbose else quiet,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    handler = _load if args.command == "load" else _inspect
+    handler = {"load": _load, "inspect": _inspect, "serve": _serve}[args.command]
     try:
         return _run(handler(args))
     except LoaderError as exc:

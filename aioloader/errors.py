@@ -15,6 +15,7 @@ do about it. The tree is shallow on purpose::
     │   ├── HeaderError                   the header is malformed or inconsistent
     │   └── UnsupportedFormatError        a pickle/.bin, GGUF, LFS pointer, ...
     ├── SelectionError (KeyError)         asked for tensors the model does not have
+    ├── CacheError                        the local model cache cannot be written or used
     └── ClosedError (RuntimeError)        the Loader was used after aclose()
 
 ``asyncio.CancelledError`` is never wrapped: cancelling a load cancels it.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 __all__ = [
     "AccessDeniedError",
+    "CacheError",
     "ClosedError",
     "ConfigError",
     "FormatError",
@@ -108,6 +110,15 @@ class SelectionError(LoaderError, KeyError):
     def __str__(self) -> str:
         # KeyError.__str__ quotes its argument; show the message as written.
         return str(self.args[0]) if self.args else ""
+
+
+class CacheError(LoaderError):
+    """The local model cache (``cache_dir``) cannot be written or used.
+
+    The message names the cache directory and what to do (free space, fix the
+    permissions, point ``AIOLOADER_CACHE_DIR`` elsewhere, or pass ``cache_dir=False``).
+    A failed write never leaves an entry marked complete.
+    """
 
 
 class ClosedError(LoaderError, RuntimeError):

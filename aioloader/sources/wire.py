@@ -109,6 +109,15 @@ class _Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def discard(self) -> None:
+        """Drop the connection; nobody waits for its pending answer any more."""
+        self.reusable = False
+        for future in (self._answer, self._done):
+            if future is not None and not future.done():
+                future.cancel()
+        if self.transport is not None:
+            self.transport.abort()
+
     def _parse_head(self, end: int) -> None:
         lines = bytes(self._head[:end]).decode("latin-1").split("\r\n")
         version, _, rest = lines[0].partition(" ")
@@ -264,8 +273,8 @@ class RangeClient:
         finally:
             if ok and connection.reusable and not self._closed:
                 self._idle.setdefault((scheme, host, port), []).append(connection)
-            elif connection.transport is not None:
-                connection.transport.abort()
+            else:
+                connection.discard()
 
     async def _read_short_body(self, connection: _Connection, answer: Answer) -> None:
         """Keep a short body of a refused answer (an error document) for the caller."""
@@ -306,6 +315,5 @@ class RangeClient:
         self._closed = True
         for connections in self._idle.values():
             for connection in connections:
-                if connection.transport is not None:
-                    connection.transport.abort()
+                connection.discard()
         self._idle.clear()

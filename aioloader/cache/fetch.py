@@ -1,0 +1,185 @@
+"""Downloading the missing byte ranges of a model's files into their cache entries."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from .._threads import run_blocking
+from ..config import HttpOptions, Limits, S3Options
+from ..pipeline import _gather
+from ..sources.base import Blob, Source
+from .entry import EntryFiles, PartialFile, Version, cache_error
+from .locks import acquire
+from .ranges import split
+
+if TYPE_CHECKING:
+    from .store import ModelCache
+
+__all__ = ["Progress", "version_of"]
+
+logger = logging.getLogger("aioloader")
+
+Progress = Callable[[int, int], None]
+
+
+def version_of(blob: Blob) -> Version:
+    """The size and validators a remote blob reported when it was opened."""
+    return Version(blob.size, getattr(blob, "etag", None), getattr(blob, "last_modified", None))
+
+
+class _Meter:
+    """Bytes done across the files of one fetch, reported to a callback."""
+
+    def __init__(self, callback: Progress | None) -> None:
+        self.callback = callback
+        self.done = 0
+        self.total = 0
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.callback is not None and n:
+            self.callback(self.done, self.total)
+
+
+@dataclass(frozen=True)
+class _Options:
+    limits: Limits
+    http: HttpOptions | None
+    s3: S3Options | None
+
+    @classmethod
+    def of(
+        cls,
+        limits: Limits | None,
+        concurrency: int | None,
+        chunk_size: int | str | None,
+        http: HttpOptions | None,
+        headers: Mapping[str, str] | None,
+        s3: S3Options | None,
+    ) -> _Options:
+        if headers is not None:
+            http = replace(http or HttpOptions(), headers=tuple(headers.items()))
+        base = limits if limits is not None else Limits()
+        return cls(base.with_options(concurrency=concurrency, chunk_size=chunk_size), http, s3)
+
+
+class _Fetcher:
+    """Downloads the missing ranges of a set of files, ``concurrency`` ranges at once."""
+
+    def __init__(
+        self,
+        cache: ModelCache,
+        source: Source,
+        executor: ThreadPoolExecutor,
+        limits: Limits,
+        meter: _Meter,
+    ) -> None:
+        self.cache = cache
+        self.source = source
+        self.executor = executor
+        self.piece = limits.chunk_size
+        self.limiter = asyncio.Semaphore(limits.concurrency)
+        self.meter = meter
+        self.free: list[bytearray] = []
+
+    async def run(self, urls: list[str]) -> dict[str, tuple[int, int]]:
+        """Every file complete; returns url -> (size, bytes downloaded)."""
+        blobs: dict[str, Blob] = {}
+
+        async def probe(url: str) -> None:
+            async with self.limiter:
+                blobs[url] = await self.source.open(url)
+
+        results: dict[str, tuple[int, int]] = {}
+        try:
+            await _gather(probe(u) for u in urls)
+            self.meter.total = sum(b.size for b in blobs.values())
+
+            async def one(url: str) -> None:
+                results[url] = (blobs[url].size, await self._file(blobs[url]))
+
+            await _gather(one(u) for u in urls)
+        finally:
+            for blob in blobs.values():
+                await blob.aclose()
+        return results
+
+    async def _blocking(self, fn: Callable[[], Any], url: str, doing: str) -> Any:
+        try:
+            return await run_blocking(self.executor, fn)
+        except OSError as exc:
+            raise cache_error(exc, self.cache.root, f"{doing} {url}") from exc
+
+    async def _file(self, blob: Blob) -> int:
+        """Make one file complete; returns the bytes downloaded."""
+        cache, url = self.cache, blob.url
+        version = version_of(blob)
+        files = cache.entry_files(url)
+        if not version.verifiable:
+            logger.warning(
+                "%s: the server sends neither ETag nor Last-Modified, so a cached copy cannot "
+                "be checked and is downloaded again", url,
+            )  # fmt: skip
+        meta = await self._blocking(lambda: files.complete_for(version), url, "checking")
+        if meta is not None and await self._touch(files, version):
+            cache._count(hit=True)
+            self.meter.add(version.size)
+            return 0
+        await self._blocking(files.make, url, "creating the entry of")
+        try:
+            lock = await acquire(files.lock, exclusive=True)
+        except OSError as exc:
+            raise cache_error(exc, cache.root, f"locking {url}") from exc
+        try:
+            # Another process may have completed it while this one waited.
+            meta = await self._blocking(lambda: files.complete_for(version), url, "checking")
+            if meta is not None and await self._touch(files, version):
+                cache._count(hit=True)
+                self.meter.add(version.size)
+                return 0
+            partial: PartialFile = await self._blocking(
+                lambda: PartialFile.open(files, url, version), url, "preparing"
+            )
+            try:
+                self.meter.add(partial.done.total)
+                missing = split(partial.done.missing(version.size), self.piece)
+                downloaded = sum(end - start for start, end in missing)
+                await _gather(self._copy(blob, partial, s, e) for s, e in missing)
+                await self._blocking(partial.complete, url, "completing")
+            finally:
+                partial.close()
+        finally:
+            lock.release()
+        cache._count(hit=False, downloaded=downloaded)
+        return downloaded
+
+    async def _touch(self, files: EntryFiles, version: Version) -> bool:
+        """Mark a complete entry used now; False when it vanished meanwhile."""
+        use = await acquire(files.use, exclusive=False)
+        try:
+
+            def touch() -> bool:
+                meta = files.complete_for(version)
+                if meta is not None:
+                    files.touch(meta)
+                return meta is not None
+
+            return bool(await self._blocking(touch, str(files.dir), "updating"))
+        finally:
+            use.release()
+
+    async def _copy(self, blob: Blob, partial: PartialFile, start: int, end: int) -> None:
+        async with self.limiter:
+            buffer = self.free.pop() if self.free else bytearray(self.piece)
+            try:
+                view = memoryview(buffer)[: end - start]
+                await blob.read_into(start, [view])
+                await self._blocking(lambda: partial.write(start, [view]), blob.url, "writing")
+            finally:
+                self.free.append(buffer)
+        self.meter.add(end - start)

@@ -1,0 +1,99 @@
+"""What the cache reports: entries, counters and fetched models."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ..errors import CacheError
+from .entry import EntryFiles, read_meta
+from .locks import FileLock, acquire
+
+__all__ = ["CacheEntry", "CacheStatistics", "CachedModel"]
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cached file, as ``ModelCache.entries()`` reports it.
+
+    Attributes:
+        url: the remote file.
+        size: its size in bytes.
+        complete: whether every byte is in the cache (else a resumable partial download).
+        last_used: when it was last fetched or loaded (seconds since the epoch).
+        bytes_on_disk: disk space it takes now.
+        etag: the remote version it holds.
+        path: the entry's folder.
+    """
+
+    url: str
+    size: int
+    complete: bool
+    last_used: float
+    bytes_on_disk: int
+    etag: str | None
+    path: str
+
+
+@dataclass(frozen=True)
+class CacheStatistics:
+    """Counters of one ModelCache object since it was created (files, not models)."""
+
+    root: str
+    max_bytes: int | None
+    hits: int
+    misses: int
+    bytes_downloaded: int
+    evictions: int
+    fetches_in_flight: int
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    """A model whose files are all complete in the cache.
+
+    Attributes:
+        url: what was fetched.
+        path: a local layout to pass to ``load_model``: the index, the folder or the
+            file under ``<root>/models/``, whose files link to the entries' data.
+        files: remote file URL -> the local file holding its bytes.
+        bytes: total size of the model's files.
+        hit: True when nothing had to be downloaded.
+        downloaded: bytes this fetch downloaded.
+    """
+
+    url: str
+    path: str | list[str]
+    files: dict[str, str]
+    bytes: int
+    hit: bool
+    downloaded: int
+    _entries: tuple[EntryFiles, ...] = field(default=(), repr=False, compare=False)
+
+    @contextlib.asynccontextmanager
+    async def use(self) -> AsyncIterator[CachedModel]:
+        """Hold the model's entries against eviction while loading from ``path``.
+
+        Raises:
+            CacheError: an entry was evicted or removed since the fetch; fetch again.
+        """
+        held: list[FileLock] = []
+        try:
+            for files in self._entries:
+                held.append(await acquire(files.use, exclusive=False))
+                meta = await asyncio.to_thread(read_meta, files)
+                if (
+                    meta is None
+                    or not meta.complete
+                    or not await asyncio.to_thread(files.data.exists)
+                ):
+                    raise CacheError(
+                        f"model cache {files.root}: {meta.url if meta else files.dir} was "
+                        f"evicted or removed after {self.url} was fetched; fetch it again"
+                    )
+            yield self
+        finally:
+            for lock in held:
+                lock.release()

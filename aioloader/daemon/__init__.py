@@ -1,0 +1,14 @@
+"""``aioloader serve``: a node-local daemon that keeps models in the cache.
+
+``config.py`` reads the settings, ``state.py`` keeps the registry of models,
+``downloads.py`` runs the cache fetches under one TaskGroup, ``metrics.py``
+exports Prometheus metrics, ``app.py`` holds the HTTP routes and ``server.py``
+the life cycle (startup, signals, graceful shutdown). Nothing here is imported
+by ``import aioloader``.
+"""
+
+from __future__ import annotations
+
+from .config import DaemonConfig
+
+__all__ = ["DaemonConfig"]

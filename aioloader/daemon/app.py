@@ -1,0 +1,293 @@
+"""The daemon's HTTP API: request handling only, no life cycle.
+
+Routes::
+
+    GET    /health             200 while the process lives (liveness, startup probe)
+    GET    /ready[?model=X]    200 when every model (or X) is in the cache, else 503
+    GET    /metrics            Prometheus text
+    GET    /v1/models          every model with its status and progress
+    POST   /v1/models          {"url": ..., "id": optional} -> 202, download starts
+    GET    /v1/models/{id}     one model
+    DELETE /v1/models/{id}     cancel its download, drop it from the registry and cache
+
+With a token configured, /v1/* requires ``Authorization: Bearer <token>``;
+/health, /ready and /metrics stay open, since kubelet probes and most scrapers
+send no credentials and none of the three shows a full URL or a secret.
+Every error is JSON: ``{"error": <code>, "detail": <what to do>}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from ..errors import CacheError, ClosedError, LoaderError
+from ..sources.auto import scheme_of
+from .downloads import Downloads
+from .metrics import CONTENT_TYPE, Metrics
+from .state import ID_PATTERN, ModelRecord, Registry, display_url
+
+if TYPE_CHECKING:
+    from ..cache import ModelCache
+
+__all__ = ["DaemonState", "RequestError", "check_url", "make_app"]
+
+logger = logging.getLogger(__name__)
+
+_SCHEMES = ("http", "https", "s3")
+_FIELDS = {"url", "id"}
+_MAX_URL = 4096
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class DaemonState:
+    """What the handlers share; built and torn down by ``server.py``."""
+
+    cache: ModelCache
+    registry: Registry
+    downloads: Downloads
+    metrics: Metrics
+    token: str | None = None
+    allow_prefixes: tuple[str, ...] = ()
+    stopping: bool = False
+    seen_evicted: set[str] = field(default_factory=set)
+
+
+STATE = web.AppKey("state", DaemonState)
+
+
+class RequestError(Exception):
+    """An API request that cannot be served, as (status, code, detail)."""
+
+    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.extra = extra
+
+    def response(self) -> web.Response:
+        body = {"error": self.code, "detail": self.detail, **self.extra}
+        return web.json_response(body, status=self.status)
+
+
+def check_url(url: object, allow_prefixes: tuple[str, ...] = ()) -> str:
+    """``url`` if the daemon may fetch it.
+
+    Raises:
+        RequestError: 400 when it is not a remote model URL, 403 when outside the allow-list.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise RequestError(400, "missing_url", 'give the model as {"url": "s3://bucket/model/"}')
+    url = url.strip()
+    if len(url) > _MAX_URL:
+        raise RequestError(400, "bad_url", f"the URL is longer than {_MAX_URL} characters")
+    scheme = scheme_of(url)
+    if scheme not in _SCHEMES:
+        raise RequestError(
+            400,
+            "unsupported_scheme",
+            f"URL scheme {scheme!r} is not supported: the daemon caches remote models "
+            "(http://, https://, s3://); local paths and file:// URLs are already on the node",
+        )
+    if not urlsplit(url).netloc:
+        raise RequestError(400, "bad_url", f"{display_url(url)}: the URL names no host or bucket")
+    if allow_prefixes:
+        segments = urlsplit(url).path.split("/")
+        if ".." in segments or "." in segments or not url.startswith(allow_prefixes):
+            raise RequestError(
+                403,
+                "url_not_allowed",
+                f"{display_url(url)} is outside the allowed prefixes; ask the operator to add "
+                "its prefix to --allow-prefix / AIOLOADER_ALLOW_PREFIXES",
+            )
+    return url
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every refusal as JSON, counted in the metrics."""
+    metrics = request.app[STATE].metrics
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        metrics.rejected.labels(status=str(exc.status)).inc()
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        metrics.rejected.labels(status=str(exc.status)).inc()
+        return web.json_response(
+            {"error": exc.reason.lower().replace(" ", "_"), "detail": exc.text or exc.reason},
+            status=exc.status,
+            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
+        )
+    except LoaderError as exc:
+        # The cache could not list or remove entries (disk gone, permissions changed).
+        metrics.rejected.labels(status="500").inc()
+        logger.warning("%s %s failed: %s", request.method, request.path, exc)
+        return web.json_response({"error": type(exc).__name__, "detail": str(exc)}, status=500)
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    token = request.app[STATE].token
+    if token and request.path.startswith("/v1/"):
+        given = request.headers.get("Authorization", "")
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            value.strip().encode(), token.encode()
+        ):
+            raise RequestError(
+                401,
+                "unauthorized",
+                "send the daemon's token as 'Authorization: Bearer <token>'",
+            )
+    return await handler(request)
+
+
+async def _refresh(state: DaemonState) -> None:
+    """Mark ready models whose files the cache no longer holds as evicted."""
+    ready = [r for r in state.registry.all() if r.status == "ready"]
+    if not ready:
+        return
+    entries = await asyncio.to_thread(state.cache.entries)
+    present = {e.url for e in entries if e.complete}
+    for record in ready:
+        gone = [f for f in record.files if f not in present]
+        if gone and record.status == "ready":
+            record.status = "evicted"
+            state.metrics.evicted()
+            logger.info("%s (%s) was evicted from the cache", display_url(record.url), record.id)
+
+
+def _find(state: DaemonState, key: str) -> ModelRecord:
+    record = state.registry.find(key)
+    if record is None:
+        raise RequestError(404, "unknown_model", f"no model {key!r}; GET /v1/models lists them")
+    return record
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.json_response({"status": "stopping" if state.stopping else "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    await _refresh(state)
+    key = request.query.get("model")
+    records = [_find(state, key)] if key is not None else None
+    ok, body = state.registry.readiness(records)
+    if state.stopping:
+        ok, body["ready"], body["reason"] = False, False, "shutting down"
+    return web.json_response(body, status=200 if ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    counts: dict[str, int] = {}
+    for record in state.registry.all():
+        counts[record.status] = counts.get(record.status, 0) + 1
+    state.metrics.set_statuses(counts)
+    return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    await _refresh(state)
+    return web.json_response({"models": [r.as_dict() for r in state.registry.all()]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    await _refresh(state)
+    return web.json_response(_find(state, request.match_info["id"]).as_dict())
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, "bad_json", 'the body must be a JSON object: {"url": "..."}')
+    unknown = sorted(set(body) - _FIELDS)
+    if unknown:
+        raise RequestError(
+            400,
+            "unknown_fields",
+            f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(_FIELDS))}",
+            fields=unknown,
+        )
+    return body
+
+
+async def add_model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = await _body(request)
+    url = check_url(body.get("url"), state.allow_prefixes)
+    model_id = body.get("id")
+    if model_id is not None and (not isinstance(model_id, str) or not ID_PATTERN.match(model_id)):
+        raise RequestError(
+            400, "bad_id", "an id is 1-64 letters, digits, '.', '_' or '-', starting alphanumeric"
+        )
+    if state.stopping or not state.downloads.accepting:
+        raise RequestError(503, "shutting_down", "the daemon is shutting down; try another node")
+    existing = state.registry.find(url)
+    if existing is not None and model_id is not None and existing.id != model_id:
+        raise RequestError(
+            409, "conflict", f"this URL is already held as {existing.id!r}", id=existing.id
+        )
+    try:
+        record = state.registry.add(url, model_id)
+    except KeyError:
+        raise RequestError(
+            409, "conflict", f"the id {model_id!r} already names another URL; pick another id"
+        ) from None
+    try:
+        started = state.downloads.submit(record)
+    except ClosedError:
+        raise RequestError(503, "shutting_down", "the daemon is shutting down") from None
+    status = 202 if started or existing is None else 200
+    return web.json_response(record.as_dict(), status=status)
+
+
+async def delete_model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    record = _find(state, request.match_info["id"])
+    await state.downloads.cancel(record.id)
+    state.registry.drop(record.id)
+    try:
+        for url in record.files or (record.url,):
+            await state.cache.remove(url)
+    except CacheError as exc:
+        raise RequestError(
+            409, "in_use", f"dropped from the registry, but its files stay cached: {exc}"
+        ) from None
+    logger.info("dropped %s (%s)", display_url(record.url), record.id)
+    return web.json_response({"id": record.id, "deleted": True})
+
+
+def make_app(state: DaemonState) -> web.Application:
+    """The aiohttp application serving ``state``."""
+    app = web.Application(middlewares=[_errors, _auth], client_max_size=64 * 1024)
+    app[STATE] = state
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/models", add_model)
+    app.router.add_get("/v1/models/{id}", get_model)
+    app.router.add_delete("/v1/models/{id}", delete_model)
+    return app

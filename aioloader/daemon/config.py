@@ -1,0 +1,162 @@
+"""Settings of ``aioloader serve``, from the command line or the environment.
+
+Pure and cheap to import: ``aioloader --help`` reads the arguments from here
+without pulling in aiohttp or prometheus-client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import parse_size
+from ..errors import ConfigError
+
+__all__ = ["DaemonConfig", "add_arguments", "config_from_args", "default_cache_dir"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8790
+# Kubernetes waits 30 s (terminationGracePeriodSeconds) before SIGKILL; stay under it.
+DEFAULT_GRACE_PERIOD = 25.0
+DEFAULT_MAX_DOWNLOADS = 2
+
+
+def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """``$XDG_CACHE_HOME/aioloader``, else ``~/.cache/aioloader``."""
+    home = environ.get("HOME") or str(Path.home())
+    return Path(environ.get("XDG_CACHE_HOME") or Path(home) / ".cache") / "aioloader"
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """Everything the daemon needs to start.
+
+    Attributes:
+        host, port: where it listens (127.0.0.1 unless told otherwise).
+        cache_dir: the node-local cache it fills.
+        max_cache_bytes: the cache's size limit (None: no limit).
+        models: URLs to preload at startup and keep in the cache.
+        token: the bearer token /v1/* requests must carry (None: no check).
+        allow_prefixes: URLs must start with one of these (empty: any URL).
+        concurrency: reads in flight per download (None: the cache's default).
+        max_downloads: models downloading at once; the rest wait as ``queued``.
+        grace_period: seconds from SIGTERM to exit.
+    """
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    cache_dir: Path = Path(".")
+    max_cache_bytes: int | None = None
+    models: tuple[str, ...] = ()
+    token: str | None = None
+    allow_prefixes: tuple[str, ...] = ()
+    concurrency: int | None = None
+    max_downloads: int = DEFAULT_MAX_DOWNLOADS
+    grace_period: float = DEFAULT_GRACE_PERIOD
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0..65535, got {self.port}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.max_downloads < 1:
+            raise ConfigError(f"max downloads must be at least 1, got {self.max_downloads}")
+        if self.grace_period < 0:
+            raise ConfigError(f"grace period must be >= 0 seconds, got {self.grace_period}")
+        if self.max_cache_bytes is not None and self.max_cache_bytes <= 0:
+            raise ConfigError(f"max cache bytes must be positive, got {self.max_cache_bytes}")
+
+    def __repr__(self) -> str:
+        # The token never reaches a log line.
+        token = "set" if self.token else "none"
+        return (
+            f"DaemonConfig(host={self.host!r}, port={self.port}, "
+            f"cache_dir={str(self.cache_dir)!r}, "
+            f"max_cache_bytes={self.max_cache_bytes}, models={len(self.models)}, token={token}, "
+            f"allow_prefixes={self.allow_prefixes}, concurrency={self.concurrency}, "
+            f"max_downloads={self.max_downloads}, grace_period={self.grace_period})"
+        )
+
+
+# (flag, environment variable, help)
+_OPTIONS: tuple[tuple[str, str, str], ...] = (
+    ("--host", "AIOLOADER_HOST", f"address to listen on (default {DEFAULT_HOST})"),
+    ("--port", "AIOLOADER_PORT", f"port to listen on (default {DEFAULT_PORT})"),
+    ("--cache-dir", "AIOLOADER_CACHE_DIR", "cache folder (default ~/.cache/aioloader)"),
+    ("--max-cache-bytes", "AIOLOADER_MAX_CACHE_BYTES", "cache size limit, e.g. 200GiB"),
+    ("--token", "AIOLOADER_TOKEN", "bearer token required on /v1/* (prefer the env var)"),
+    ("--concurrency", "AIOLOADER_CONCURRENCY", "reads in flight per download"),
+    ("--max-downloads", "AIOLOADER_MAX_DOWNLOADS", "models downloading at once (default 2)"),
+    ("--grace-period", "AIOLOADER_GRACE_PERIOD", "seconds from SIGTERM to exit (default 25)"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``aioloader serve``; each flag also reads an environment variable."""
+    for flag, env, text in _OPTIONS:
+        parser.add_argument(flag, help=f"{text} [{env}]")
+    parser.add_argument(
+        "--model",
+        action="append",
+        metavar="URL",
+        help="preload this model and keep it cached (repeatable) "
+        "[AIOLOADER_MODELS, comma-separated]",
+    )
+    parser.add_argument(
+        "--allow-prefix",
+        action="append",
+        metavar="PREFIX",
+        help="accept only URLs starting with a prefix (repeatable) "
+        "[AIOLOADER_ALLOW_PREFIXES, comma-separated]",
+    )
+
+
+def _split(value: str | None) -> tuple[str, ...]:
+    return tuple(part.strip() for part in (value or "").split(",") if part.strip())
+
+
+def _number(value: str | None, kind: type[int] | type[float], what: str) -> int | float | None:
+    if value is None or value == "":
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"{what} must be a number, got {value!r}") from None
+
+
+def config_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> DaemonConfig:
+    """A DaemonConfig: each flag, else its environment variable, else the default.
+
+    Raises:
+        ConfigError: a value cannot be read.
+    """
+
+    def pick(attr: str, env: str) -> str | None:
+        value: str | None = getattr(args, attr, None)
+        return value if value is not None else environ.get(env)
+
+    models: Sequence[str] = args.model or _split(environ.get("AIOLOADER_MODELS"))
+    prefixes: Sequence[str] = args.allow_prefix or _split(environ.get("AIOLOADER_ALLOW_PREFIXES"))
+    max_bytes = pick("max_cache_bytes", "AIOLOADER_MAX_CACHE_BYTES")
+    cache_dir = pick("cache_dir", "AIOLOADER_CACHE_DIR")
+    port = _number(pick("port", "AIOLOADER_PORT"), int, "port")
+    concurrency = _number(pick("concurrency", "AIOLOADER_CONCURRENCY"), int, "concurrency")
+    downloads = _number(pick("max_downloads", "AIOLOADER_MAX_DOWNLOADS"), int, "max downloads")
+    grace = _number(pick("grace_period", "AIOLOADER_GRACE_PERIOD"), float, "grace period")
+    return DaemonConfig(
+        host=pick("host", "AIOLOADER_HOST") or DEFAULT_HOST,
+        port=int(port) if port is not None else DEFAULT_PORT,
+        cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(environ),
+        max_cache_bytes=parse_size(max_bytes, what="max cache bytes") if max_bytes else None,
+        models=tuple(dict.fromkeys(m.strip() for m in models if m.strip())),
+        token=pick("token", "AIOLOADER_TOKEN") or None,
+        allow_prefixes=tuple(prefixes),
+        concurrency=int(concurrency) if concurrency is not None else None,
+        max_downloads=int(downloads) if downloads is not None else DEFAULT_MAX_DOWNLOADS,
+        grace_period=float(grace) if grace is not None else DEFAULT_GRACE_PERIOD,
+    )

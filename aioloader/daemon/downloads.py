@@ -1,0 +1,197 @@
+"""The daemon's downloads: one task per model, all owned by one TaskGroup.
+
+Each task records its own outcome on its model (ready, or failed with the
+error), so a failure is never lost and never takes the group, or the daemon,
+down with it. Closing the supervisor cancels what still runs and waits for it:
+the cache keeps a cancelled download's bytes under a temporary name, to be
+resumed by the next fetch of the same URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ClosedError
+from .metrics import Metrics
+from .state import ModelRecord, Registry, display_url
+
+if TYPE_CHECKING:
+    from ..cache import ModelCache
+
+__all__ = ["Downloads"]
+
+logger = logging.getLogger(__name__)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+class Downloads:
+    """Runs cache fetches for models of a Registry.
+
+    Args:
+        cache: a ``ModelCache``.
+        registry: where each model's progress and outcome are recorded.
+        metrics: counters to update.
+        concurrency: reads in flight per download (None: the cache's default).
+        max_downloads: models downloading at once; the others wait as ``queued``.
+
+    Use as ``async with Downloads(...) as downloads:`` inside the server's task.
+    """
+
+    def __init__(
+        self,
+        cache: ModelCache,
+        registry: Registry,
+        metrics: Metrics,
+        *,
+        concurrency: int | None = None,
+        max_downloads: int = 2,
+    ) -> None:
+        self._cache = cache
+        self._registry = registry
+        self._metrics = metrics
+        self._concurrency = concurrency
+        self._slots = asyncio.Semaphore(max_downloads)
+        self._group = asyncio.TaskGroup()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._open = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open" if self._open else "new"
+        return f"<Downloads {state} running={len(self._tasks)}>"
+
+    def statistics(self) -> dict[str, int]:
+        return {"tasks": len(self._tasks)}
+
+    async def __aenter__(self) -> Downloads:
+        await self._group.__aenter__()
+        self._open = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+        for task in self._tasks.values():
+            task.cancel()
+        # Each task records its own failure, so the group never has one to raise;
+        # an exception from the body passes through unwrapped.
+        await self._group.__aexit__(None, None, None)
+
+    def close(self) -> None:
+        """Refuse new downloads from now on (running ones continue until exit)."""
+        self._closed = True
+
+    @property
+    def accepting(self) -> bool:
+        return self._open and not self._closed
+
+    def running(self, model_id: str) -> bool:
+        return model_id in self._tasks
+
+    def submit(self, record: ModelRecord) -> bool:
+        """Start fetching ``record`` unless it is running or ready; True if started.
+
+        Raises:
+            ClosedError: the daemon is shutting down.
+        """
+        if not self.accepting:
+            raise ClosedError("the daemon is shutting down; no new downloads")
+        if record.id in self._tasks or record.status == "ready":
+            return False
+        record.queue()
+        self._tasks[record.id] = self._group.create_task(
+            self._fetch(record), name=f"aioloader fetch {record.id}"
+        )
+        return True
+
+    async def stop(self, seconds: float) -> list[str]:
+        """Refuse new work, cancel every download, wait up to ``seconds``.
+
+        Returns:
+            The ids of downloads still stopping when the time ran out.
+        """
+        self.close()
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(seconds, 0.0))
+        return sorted(self._tasks)
+
+    async def cancel(self, model_id: str) -> None:
+        """Cancel the download of ``model_id`` (if any) and wait until it stopped."""
+        task = self._tasks.get(model_id)
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait([task])
+
+    async def _fetch(self, record: ModelRecord) -> None:
+        try:
+            async with self._slots:
+                await self._fetch_now(record)
+        finally:
+            self._tasks.pop(record.id, None)
+
+    async def _fetch_now(self, record: ModelRecord) -> None:
+        metrics = self._metrics
+        record.start()
+        metrics.in_flight.inc()
+        started = time.monotonic()
+        seen = 0
+
+        def progress(done: int, total: int) -> None:
+            nonlocal seen
+            record.progress(done, total)
+            metrics.progressed(done - seen)
+            seen = done
+
+        outcome = "error"
+        try:
+            kwargs: dict[str, Any] = {"progress": progress}
+            if self._concurrency is not None:
+                kwargs["concurrency"] = self._concurrency
+            logger.info("fetching %s (%s)", display_url(record.url), record.id)
+            cached = await self._cache.fetch(record.url, **kwargs)
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            record.fail(ClosedError("the download was cancelled"))
+            raise
+        except Exception as exc:
+            error = _leaf(exc)
+            record.fail(error)
+            metrics.errors.labels(kind=type(error).__name__).inc()
+            logger.warning("%s (%s) failed: %s", display_url(record.url), record.id, error)
+        else:
+            outcome = "hit" if cached.hit else "downloaded"
+            (metrics.cache_hits if cached.hit else metrics.cache_misses).inc()
+            metrics.bytes_fetched.inc(cached.downloaded)
+            path = cached.path if isinstance(cached.path, str) else None
+            record.succeed(
+                nbytes=cached.bytes, hit=cached.hit, path=path, files=tuple(cached.files)
+            )
+            logger.info(
+                "%s (%s) is cached: %d bytes, %s in %.2f s",
+                display_url(record.url),
+                record.id,
+                record.bytes_done,
+                outcome,
+                time.monotonic() - started,
+            )
+        finally:
+            metrics.in_flight.dec()
+            metrics.load_seconds.labels(outcome=outcome).observe(time.monotonic() - started)

@@ -1,0 +1,148 @@
+"""Prometheus metrics of one daemon, in a registry of its own (never the global one)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Model downloads take from well under a second (cache hit) to tens of minutes.
+_LOAD_BUCKETS = (0.05, 0.25, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+# Throughput is averaged over this many seconds.
+_RATE_WINDOW = 10.0
+
+
+def _prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise ConfigError(
+            "aioloader serve needs prometheus-client; install aioloader[daemon]"
+        ) from None
+    return prometheus_client
+
+
+class Metrics:
+    """Counters, gauges and a histogram for /metrics.
+
+    Args:
+        cache_statistics: called at each scrape; a mapping (or object) whose
+            ``evictions`` field, if any, is exported as a counter.
+    """
+
+    def __init__(self, cache_statistics: Callable[[], Any] | None = None) -> None:
+        pc = _prometheus()
+        self.registry = pc.CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.bytes_fetched = pc.Counter(
+            "aioloader_daemon_fetched_bytes",
+            "Bytes downloaded from upstream storage into the cache (counted as each fetch ends)",
+            registry=r,
+        )
+        self.load_seconds = pc.Histogram(
+            "aioloader_daemon_load_seconds",
+            "Seconds from the start of a model's download until it is in the cache",
+            ["outcome"],
+            buckets=_LOAD_BUCKETS,
+            registry=r,
+        )
+        self.cache_hits = pc.Counter(
+            "aioloader_daemon_cache_hits", "Models already complete in the cache", registry=r
+        )
+        self.cache_misses = pc.Counter(
+            "aioloader_daemon_cache_misses", "Models that had to be downloaded", registry=r
+        )
+        self.in_flight = pc.Gauge(
+            "aioloader_daemon_downloads_in_flight", "Model downloads running now", registry=r
+        )
+        self.errors = pc.Counter(
+            "aioloader_daemon_errors",
+            "Failed model downloads, by kind of error",
+            ["kind"],
+            registry=r,
+        )
+        self.rejected = pc.Counter(
+            "aioloader_daemon_rejected_requests",
+            "API requests refused, by HTTP status",
+            ["status"],
+            registry=r,
+        )
+        self.models = pc.Gauge(
+            "aioloader_daemon_models", "Models in the registry, by status", ["status"], registry=r
+        )
+        self._samples: deque[tuple[float, int]] = deque()
+        pc.Gauge(
+            "aioloader_daemon_throughput_bytes_per_second",
+            f"Bytes per second made present in the cache, over the last {_RATE_WINDOW:.0f} s "
+            "(bytes a resumed download already had count when it resumes)",
+            registry=r,
+        ).set_function(self._throughput)
+        self._cache_statistics = cache_statistics
+        self._evictions = 0
+        r.register(_EvictionCollector(pc, self._read_evictions))
+
+    def progressed(self, nbytes: int) -> None:
+        """``nbytes`` more of some model are in the cache (never awaits)."""
+        if nbytes <= 0:
+            return
+        now = time.monotonic()
+        self._samples.append((now, nbytes))
+        self._trim(now)
+
+    def evicted(self, count: int = 1) -> None:
+        """Count models the daemon saw leave the cache."""
+        self._evictions += count
+
+    def set_statuses(self, counts: dict[str, int]) -> None:
+        for status in ("queued", "downloading", "ready", "failed", "evicted"):
+            self.models.labels(status=status).set(counts.get(status, 0))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return bytes(_prometheus().generate_latest(self.registry))
+
+    def _trim(self, now: float) -> None:
+        while self._samples and self._samples[0][0] < now - _RATE_WINDOW:
+            self._samples.popleft()
+
+    def _throughput(self) -> float:
+        self._trim(time.monotonic())
+        return sum(n for _, n in self._samples) / _RATE_WINDOW
+
+    def _read_evictions(self) -> float:
+        if self._cache_statistics is not None:
+            stats = self._cache_statistics()
+            value = stats.get("evictions") if isinstance(stats, dict) else None
+            if value is None:
+                value = getattr(stats, "evictions", None)
+            if isinstance(value, int | float):
+                return float(max(self._evictions, int(value)))
+        return float(self._evictions)
+
+
+class _EvictionCollector:
+    """Reads the cache's eviction count at each scrape (the cache keeps the count)."""
+
+    def __init__(self, pc: Any, read: Callable[[], float]) -> None:
+        from prometheus_client.core import CounterMetricFamily
+
+        self._family = CounterMetricFamily
+        self._read = read
+
+    def describe(self) -> list[Any]:
+        return [self._family("aioloader_daemon_cache_evictions", _EVICTIONS_HELP)]
+
+    def collect(self) -> list[Any]:
+        family = self._family("aioloader_daemon_cache_evictions", _EVICTIONS_HELP)
+        family.add_metric([], self._read())
+        return [family]
+
+
+_EVICTIONS_HELP = "Models the cache evicted to stay under its size limit"

@@ -1,0 +1,199 @@
+"""The life cycle of ``aioloader serve`` (after uvicorn's ``server.py``).
+
+Startup: check that the cache folder is writable (else exit 2), listen, then
+queue the preloads, so /health answers at once and /ready turns 200 when they
+are cached. Shutdown, on SIGTERM or SIGINT: /ready answers 503 and new work is
+refused, the listener closes, downloads are cancelled (the cache keeps their
+bytes under temporary names, so a restart resumes them and no partial file
+ever shows under a final name), and the process exits 0, all within the grace
+period. A second signal stops waiting and exits 1.
+
+Signal handlers are installed here only, and only from the main thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, LoaderError
+from .config import DaemonConfig, config_from_args
+
+__all__ = ["EXIT_STARTUP", "Server", "serve_from_args"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_STARTUP = 2
+"""Exit status when the daemon could not start (bad setting, cache not writable, port taken)."""
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StartupError(LoaderError):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+def _check_writable(folder: Path) -> None:
+    """Create ``folder`` if needed and write a file there, or raise StartupError."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".aioloader-write-check-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise StartupError(
+            f"cache directory {folder} is not writable ({exc.strerror or exc}); mount a "
+            "writable volume there or pass --cache-dir / AIOLOADER_CACHE_DIR"
+        ) from exc
+
+
+class Server:
+    """One daemon: its cache, registry, downloads and HTTP listener.
+
+    Use ``await Server(config).serve()``; it returns the exit status.
+    """
+
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.port: int | None = None
+        self._exit = asyncio.Event()
+        self._signals = 0
+        self._main: asyncio.Task[Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Server {self.config.host}:{self.port} exiting={self._exit.is_set()}>"
+
+    def request_exit(self, sig: int | None = None) -> None:
+        """Begin a graceful shutdown; a second request forces the exit."""
+        self._signals += 1
+        name = signal.Signals(sig).name if sig else "request"
+        if self._signals == 1:
+            logger.info("%s received; shutting down (grace %.0f s)", name, self.config.grace_period)
+            self._exit.set()
+        elif self._main is not None:
+            logger.warning("%s received again; exiting now", name)
+            self._main.cancel()
+
+    @contextlib.contextmanager
+    def _capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # the embedding program owns signals then
+            return
+        loop = asyncio.get_running_loop()
+        for sig in _SIGNALS:
+            loop.add_signal_handler(sig, self.request_exit, sig)
+        try:
+            yield
+        finally:
+            for sig in _SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    async def serve(self) -> int:
+        """Run until a signal (or ``request_exit``); returns the exit status."""
+        self._main = asyncio.current_task()
+        with self._capture_signals():
+            try:
+                return await self._serve()
+            except (StartupError, ConfigError) as exc:
+                print(f"aioloader serve: error: {exc}", file=sys.stderr)
+                return EXIT_STARTUP
+            except asyncio.CancelledError:
+                if self._signals > 1:
+                    return 1
+                raise
+
+    async def _serve(self) -> int:
+        from aiohttp import web
+
+        from .app import DaemonState, RequestError, check_url, make_app
+        from .downloads import Downloads
+        from .metrics import Metrics
+        from .state import Registry
+
+        config = self.config
+        for url in config.models:
+            try:
+                check_url(url, config.allow_prefixes)
+            except RequestError as exc:
+                raise StartupError(f"preload model {url!r}: {exc.detail}") from None
+        await asyncio.to_thread(_check_writable, config.cache_dir)
+        cache = _open_cache(config)
+        metrics = Metrics(getattr(cache, "statistics", None))
+        registry = Registry()
+        async with Downloads(
+            cache,
+            registry,
+            metrics,
+            concurrency=config.concurrency,
+            max_downloads=config.max_downloads,
+        ) as downloads:
+            state = DaemonState(
+                cache=cache,
+                registry=registry,
+                downloads=downloads,
+                metrics=metrics,
+                token=config.token,
+                allow_prefixes=config.allow_prefixes,
+            )
+            runner = web.AppRunner(
+                make_app(state),
+                access_log=None,
+                handle_signals=False,
+                shutdown_timeout=max(0.1, min(5.0, config.grace_period / 2)),
+            )
+            await runner.setup()
+            try:
+                site = web.TCPSite(runner, config.host, config.port)
+                try:
+                    await site.start()
+                except OSError as exc:
+                    raise StartupError(
+                        f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}; "
+                        "pick another --port / AIOLOADER_PORT"
+                    ) from exc
+                self.port = runner.addresses[0][1] if runner.addresses else config.port
+                logger.info("listening on http://%s:%s (%r)", config.host, self.port, config)
+                for url in config.models:
+                    downloads.submit(registry.add(url, preload=True))
+                await self._exit.wait()
+                state.stopping = True
+                downloads.close()
+                deadline = asyncio.get_running_loop().time() + config.grace_period
+            finally:
+                await runner.cleanup()
+            left = await downloads.stop(deadline - asyncio.get_running_loop().time())
+            if left:
+                logger.warning("downloads still stopping after the grace period: %s", left)
+        logger.info("stopped")
+        return 0
+
+
+def _open_cache(config: DaemonConfig) -> Any:
+    try:
+        from ..cache import ModelCache
+    except ImportError as exc:  # pragma: no cover - the cache ships with the package
+        raise StartupError(f"the model cache is not available: {exc}") from exc
+    try:
+        return ModelCache(config.cache_dir, max_bytes=config.max_cache_bytes)
+    except LoaderError as exc:  # CacheError: the folder cannot hold a cache
+        raise StartupError(str(exc)) from exc
+
+
+async def serve_from_args(args: argparse.Namespace) -> int:
+    """Entry point of ``aioloader serve``; returns the exit status."""
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"aioloader serve: error: {exc}", file=sys.stderr)
+        return EXIT_STARTUP
+    return await Server(config).serve()

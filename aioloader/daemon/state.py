@@ -1,0 +1,183 @@
+"""The registry of models the daemon holds: plain synchronous bookkeeping, no I/O.
+
+A model moves ``queued -> downloading -> ready`` or ``-> failed``; a ready model
+whose files the cache evicted (to make room for another under its size limit) is
+``evicted``. Posting its URL again queues a new download of a failed or evicted
+model. Every change happens in one synchronous call, so a cancelled request or
+download can never leave a record half updated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = ["ModelRecord", "Registry", "Status", "display_url", "model_id_for"]
+
+Status = Literal["queued", "downloading", "ready", "failed", "evicted"]
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_SLUG = re.compile(r"[^A-Za-z0-9._-]+")
+_READY_FIELDS = ("id", "url", "status", "bytes_done", "bytes_total", "progress", "error")
+_MODEL_FILES = (".safetensors.index.json", ".safetensors")
+
+
+def display_url(url: str) -> str:
+    """``url`` without user info or query string: presigned URLs carry credentials there."""
+    parts = urlsplit(url)
+    if not parts.netloc:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    query = "..." if parts.query else ""
+    return urlunsplit((parts.scheme, host, parts.path, query, ""))
+
+
+def model_id_for(url: str) -> str:
+    """A stable, readable id: the model's folder or file name and a hash of the URL."""
+    path = urlsplit(url).path.rstrip("/")
+    parts = [p for p in path.split("/") if p]
+    name = parts[-1] if parts else urlsplit(url).netloc
+    if name.endswith(_MODEL_FILES) and len(parts) > 1 and name.startswith("model"):
+        name = parts[-2]  # ".../llama/model.safetensors.index.json" is "llama"
+    for suffix in _MODEL_FILES:
+        name = name.removesuffix(suffix)
+    slug = _SLUG.sub("-", name).strip("-._")[:40] or "model"
+    digest = hashlib.sha256(url.encode()).hexdigest()[:10]
+    return f"{slug}-{digest}"
+
+
+@dataclass
+class ModelRecord:
+    """One model: where it comes from and how far its download got."""
+
+    id: str
+    url: str
+    status: Status = "queued"
+    bytes_done: int = 0
+    bytes_total: int | None = None
+    error: str | None = None
+    error_kind: str | None = None
+    hit: bool | None = None
+    path: str | None = None
+    files: tuple[str, ...] = ()
+    preload: bool = False
+    created: float = field(default_factory=time.time)
+    started: float | None = None
+    finished: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        total = self.bytes_total
+        return {
+            "id": self.id,
+            "url": display_url(self.url),
+            "status": self.status,
+            "bytes_done": self.bytes_done,
+            "bytes_total": total,
+            "progress": round(self.bytes_done / total, 4) if total else None,
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "cache_hit": self.hit,
+            "path": self.path,
+            "files": len(self.files),
+            "preload": self.preload,
+            "created": self.created,
+            "started": self.started,
+            "finished": self.finished,
+        }
+
+    def queue(self) -> None:
+        self.status = "queued"
+        self.bytes_done = 0
+        self.error = self.error_kind = None
+        self.started = self.finished = None
+        self.hit = None
+
+    def start(self) -> None:
+        self.status = "downloading"
+        self.started = time.time()
+
+    def progress(self, done: int, total: int) -> None:
+        self.bytes_done = done
+        self.bytes_total = total
+
+    def succeed(self, *, nbytes: int, hit: bool, path: str | None, files: tuple[str, ...]) -> None:
+        self.status = "ready"
+        self.bytes_done = self.bytes_total = nbytes
+        self.hit = hit
+        self.path = path
+        self.files = files
+        self.finished = time.time()
+
+    def fail(self, error: BaseException) -> None:
+        self.status = "failed"
+        self.error = str(error) or type(error).__name__
+        self.error_kind = type(error).__name__
+        self.finished = time.time()
+
+
+class Registry:
+    """Models by id, each URL once."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, ModelRecord] = {}
+        self._by_url: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __repr__(self) -> str:
+        counts: dict[str, int] = {}
+        for record in self._by_id.values():
+            counts[record.status] = counts.get(record.status, 0) + 1
+        return f"<Registry {counts}>"
+
+    def add(self, url: str, model_id: str | None = None, *, preload: bool = False) -> ModelRecord:
+        """The record of ``url``, created if new.
+
+        Raises:
+            KeyError: ``model_id`` already names another URL.
+        """
+        known = self._by_url.get(url)
+        if known is not None:
+            return self._by_id[known]
+        model_id = model_id or model_id_for(url)
+        if model_id in self._by_id:
+            raise KeyError(model_id)
+        record = ModelRecord(id=model_id, url=url, preload=preload)
+        self._by_id[model_id] = record
+        self._by_url[url] = model_id
+        return record
+
+    def find(self, key: str) -> ModelRecord | None:
+        """A record by id, or by URL."""
+        record = self._by_id.get(key)
+        if record is None and key in self._by_url:
+            record = self._by_id[self._by_url[key]]
+        return record
+
+    def drop(self, model_id: str) -> ModelRecord | None:
+        record = self._by_id.pop(model_id, None)
+        if record is not None:
+            self._by_url.pop(record.url, None)
+        return record
+
+    def all(self) -> list[ModelRecord]:
+        return list(self._by_id.values())
+
+    def readiness(self, records: list[ModelRecord] | None = None) -> tuple[bool, dict[str, Any]]:
+        """Whether every model (or the given ones) is ready, and what is missing."""
+        chosen = self.all() if records is None else records
+        missing = [r for r in chosen if r.status != "ready"]
+        body: dict[str, Any] = {
+            "ready": not missing,
+            "models": len(chosen),
+            "models_ready": len(chosen) - len(missing),
+            "missing": [{k: r.as_dict()[k] for k in _READY_FIELDS} for r in missing],
+        }
+        return not missing, body
