@@ -25,6 +25,20 @@ async def run_blocking(
     """
     future = asyncio.get_running_loop().run_in_executor(executor, fn)
     try:
+        return await finish_before_cancel(future)
+    except asyncio.CancelledError:
+        if not future.cancelled() and future.exception() is None and on_abandon is not None:
+            on_abandon(future.result())
+        raise
+
+
+async def finish_before_cancel(future: asyncio.Future[T]) -> T:
+    """Await ``future``; when cancelled meanwhile, wait for it to finish, then re-raise.
+
+    For work that cannot be called back (a thread's read, a copy on a GPU stream):
+    its resources must not be reused while it may still touch them.
+    """
+    try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
         while not future.done():
@@ -32,6 +46,4 @@ async def run_blocking(
                 await asyncio.wait([future])
             except asyncio.CancelledError:
                 continue
-        if not future.cancelled() and future.exception() is None and on_abandon is not None:
-            on_abandon(future.result())
         raise

@@ -43,6 +43,22 @@ scenarios measure the client: nginx's own CPU is not in the CPU column.
 Tools per scenario: the local ones; ``aioloader`` and ``curl`` over HTTP;
 ``aioloader``, ``s5cmd`` and ``runai`` over S3.
 
+On request, ``model-cache`` measures the node-local cache (``aioloader.cache``):
+the model over HTTP by its index URL, loaded three ways side by side, each with
+``aioloader.load_model``:
+
+* ``cold-remote`` -- ``cache_dir=False``: streamed from nginx, no cache;
+* ``warm-cache``  -- ``cache_dir`` a cache filled once before the timed runs (by
+  an untimed worker running ``ModelCache(dir).fetch(url)``) and read again
+  before each run so that it is in the page cache, as on a node whose daemon
+  preloaded the model: the load reads the local copy (after asking nginx for
+  each file's size and ETag);
+* ``populate``    -- ``cache_dir`` a fresh, empty folder per run: a cold load
+  that writes the cache as it streams (and fsyncs it), the cost of teeing.
+
+Its cache folders are made in a temporary folder in ``--out`` and removed at
+the end. Its headline is ``warm-cache / cold-remote``.
+
 Why it is built this way
 ------------------------
 * Every run is a fresh subprocess (``--worker TOOL PATH``), so the peak RSS
@@ -65,11 +81,12 @@ Why it is built this way
 
 Usage::
 
-    python scripts/bench.py                    # 3 GiB model, 3 repetitions, every scenario
+    python scripts/bench.py                    # 3 GiB model, 3 repetitions, default scenarios
     python scripts/bench.py --quick            # smoke run: 1 GiB model, 1 repetition
     python scripts/bench.py --scenarios model-warm --tools aioloader preadv --json out.json
     python scripts/bench.py --scenarios model-s3 one-tensor-s3   # remote scenarios only
     python scripts/bench.py --skip-remote      # local scenarios only: no nginx
+    python scripts/bench.py --scenarios model-cache   # cold remote vs the local cache
 
 Test data is generated once into ``--out`` (default ``bench-data/``, ignored by
 git) and reused while its files have the expected sizes.
@@ -97,7 +114,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import metadata
@@ -112,9 +129,15 @@ GB = 10**9
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("aioloader", "safetensors", "runai", "preadv", "fio", "curl", "s5cmd")  # the default set
 EXTRA_TOOLS = ("safetensors-pread",)  # on request, with --tools
+# The ways model-cache loads (all of them unless --tools names some); "fill"
+# is its untimed worker that fills the cache the warm-cache runs read.
+CACHE_TOOLS = ("cold-remote", "warm-cache", "populate")
+CACHE_FILL = "fill"
 LOCAL_SCENARIOS = ("model-warm", "one-tensor-warm", "model-cold", "one-tensor-cold")
 REMOTE_SCENARIOS = ("model-http", "one-tensor-http", "model-s3", "one-tensor-s3")
-SCENARIOS = LOCAL_SCENARIOS + REMOTE_SCENARIOS
+CACHE_SCENARIOS = ("model-cache",)  # on request, with --scenarios
+DEFAULT_SCENARIOS = LOCAL_SCENARIOS + REMOTE_SCENARIOS
+SCENARIOS = DEFAULT_SCENARIOS + CACHE_SCENARIOS
 # The tools that do each kind of scenario (the part of its name after the dataset).
 LOCAL_TOOLS = ("aioloader", "safetensors", "safetensors-pread", "runai", "preadv")
 KIND_TOOLS = {
@@ -122,10 +145,13 @@ KIND_TOOLS = {
     "cold": frozenset((*LOCAL_TOOLS, "fio")),
     "http": frozenset({"aioloader", "curl"}),
     "s3": frozenset({"aioloader", "s5cmd", "runai"}),
+    "cache": frozenset(CACHE_TOOLS),
 }
-REMOTE_KINDS = frozenset({"http", "s3"})
+REMOTE_KINDS = frozenset({"http", "s3", "cache"})
 # What aioloader is compared with first: the ceiling locally, the usual tool remotely.
-REFERENCE = {"warm": "preadv", "cold": "fio", "http": "curl", "s3": "s5cmd"}
+REFERENCE = {"warm": "preadv", "cold": "fio", "http": "curl", "s3": "s5cmd", "cache": "cold-remote"}
+# The tool in the headline ratio ("aioloader" but where named here).
+OURS = {"cache": "warm-cache"}
 WHOLE_FILE_TOOLS = frozenset({"preadv", "curl", "s5cmd"})  # they deliver file bytes, not tensors
 
 SHARDS = 4
@@ -377,6 +403,7 @@ class Loaded:
     nbytes: int
     seconds: float | None = None  # set by tools that time themselves (fio)
     in_process: bool = True  # False where a child process does the work (fio): no peak RSS
+    cache: dict[str, int] | None = None  # the cache's counters (model-cache), once loaded
 
 
 Prepared = Callable[[], Loaded]
@@ -390,16 +417,21 @@ def _prepare_aioloader(target: Path, files: list[Path]) -> Prepared:
     return _aioloader(str(target))
 
 
+def event_loop_runner() -> Callable[[Any], Any]:
+    """``uvloop.run`` when uvloop is installed, else ``asyncio.run``."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    run: Callable[[Any], Any] = uvloop.run
+    return run
+
+
 def _aioloader(target: str | list[str]) -> Prepared:
     """``aioloader.load_model(target)``: a path or URL, or a list of files."""
     import aioloader
 
-    try:
-        import uvloop
-
-        run: Callable[[Any], Any] = uvloop.run
-    except ImportError:
-        run = asyncio.run
+    run = event_loop_runner()
 
     def load() -> Loaded:
         tensors = run(aioloader.load_model(target))
@@ -616,6 +648,45 @@ def _remote_s5cmd(job: RemoteJob) -> Prepared:
     return load
 
 
+def _cache_load(job: RemoteJob, cache_dir: Path | None) -> Prepared:
+    """``load_model(index URL, cache_dir=...)``: through the cache in ``cache_dir``, or none."""
+    import aioloader
+
+    run = event_loop_runner()
+    cache = aioloader.ModelCache(cache_dir) if cache_dir is not None else None
+    through = cache if cache is not None else False  # False: not $AIOLOADER_CACHE_DIR either
+
+    def load() -> Loaded:
+        tensors = run(aioloader.load_model(job.target, cache_dir=through))
+        return Loaded(tensors, tensor_bytes(tensors), cache=cache_counters(cache))
+
+    return load
+
+
+def _cache_fill(job: RemoteJob, cache_dir: Path | None) -> Prepared:
+    """``ModelCache(cache_dir).fetch(index URL)``: every file of the model into the cache."""
+    import aioloader
+
+    if cache_dir is None:
+        raise RuntimeError(f"{CACHE_FILL} needs a cache folder (--cache-dir)")
+    run = event_loop_runner()
+    cache = aioloader.ModelCache(cache_dir)
+
+    def load() -> Loaded:
+        cached = run(cache.fetch(job.target))
+        return Loaded(cached, cached.bytes, cache=cache_counters(cache))
+
+    return load
+
+
+def cache_counters(cache: Any) -> dict[str, int] | None:
+    """What a ModelCache counted: hits and misses (files), bytes downloaded."""
+    if cache is None:
+        return None
+    stats = cache.statistics()
+    return {"hits": stats.hits, "misses": stats.misses, "downloaded": stats.bytes_downloaded}
+
+
 REMOTE_PREPARE: dict[str, Callable[[RemoteJob], Prepared]] = {
     "aioloader": _remote_aioloader,
     "runai": _remote_runai,
@@ -673,19 +744,35 @@ def cpu_seconds() -> tuple[float, float]:
     return user, system
 
 
-def prepare(tool: str, target: Path, files: list[Path], url: str | None) -> Prepared:
-    """The tool's load of ``target``: from disk, or from ``url`` where nginx serves it."""
+CACHE_PREPARE: dict[str, Callable[[RemoteJob, Path | None], Prepared]] = {
+    **dict.fromkeys(CACHE_TOOLS, _cache_load),
+    CACHE_FILL: _cache_fill,
+}
+
+
+def prepare(
+    tool: str, target: Path, files: list[Path], url: str | None, cache_dir: Path | None = None
+) -> Prepared:
+    """The tool's load of ``target``: from disk, or from ``url`` where nginx serves it.
+
+    The model-cache tools read through the cache in ``cache_dir`` (none: no cache).
+    """
     if url is None:
         return PREPARE[tool](target, files)
-    return REMOTE_PREPARE[tool](remote_job(target, files, url))
+    job = remote_job(target, files, url)
+    if tool in CACHE_PREPARE:
+        return CACHE_PREPARE[tool](job, cache_dir)
+    return REMOTE_PREPARE[tool](job)
 
 
-def worker(tool: str, target: Path, url: str | None = None) -> dict[str, Any]:
+def worker(
+    tool: str, target: Path, url: str | None = None, cache_dir: Path | None = None
+) -> dict[str, Any]:
     """One timed load; every tool imports torch first, so all start from the same process."""
     import torch  # noqa: F401  (seconds to import, and not load time)
 
     files = safetensors_files(target)
-    load = prepare(tool, target, files, url)
+    load = prepare(tool, target, files, url, cache_dir)
     prefault(sum(p.stat().st_size for p in files))
     rss_reset = reset_peak_rss()
     rss_before = proc_status("VmRSS")
@@ -704,6 +791,7 @@ def worker(tool: str, target: Path, url: str | None = None) -> dict[str, Any]:
         "rss_before": rss_before,
         "peak_rss": proc_status("VmHWM") if loaded.in_process else None,
         "peak_rss_reset": rss_reset,
+        "cache": loaded.cache,
     }
 
 
@@ -780,11 +868,15 @@ def cpu_per_gb(run: dict[str, Any]) -> float:
     return cpu / (nbytes / GB)
 
 
-def run_worker(tool: str, target: Path, env: dict[str, str], url: str | None) -> dict[str, Any]:
+def run_worker(
+    tool: str, target: Path, env: dict[str, str], url: str | None, cache_dir: Path | None = None
+) -> dict[str, Any]:
     """One measurement in a fresh interpreter; raises RuntimeError with its output on failure."""
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", tool, str(target)]
     if url is not None:
         command += ["--url", url]
+    if cache_dir is not None:
+        command += ["--cache-dir", str(cache_dir)]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=WORKER_TIMEOUT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -794,6 +886,15 @@ def run_worker(tool: str, target: Path, env: dict[str, str], url: str | None) ->
     return result
 
 
+def scenario_tools(scenario: str, tools: Sequence[str]) -> list[str]:
+    """The tools of ``tools`` that do ``scenario``; model-cache: all its own unless some named."""
+    kind = KIND_TOOLS[kind_of(scenario)]
+    chosen = [t for t in tools if t in kind]
+    if kind_of(scenario) == "cache" and not chosen:
+        return list(CACHE_TOOLS)
+    return chosen
+
+
 def run_scenario(
     scenario: str,
     dataset: Dataset,
@@ -801,12 +902,18 @@ def run_scenario(
     repeat: int,
     env: dict[str, str],
     url: str | None = None,
+    caches: CacheFolders | None = None,
 ) -> dict[str, ToolResult]:
-    """Every tool ``repeat`` times, interleaved; ``url`` is where nginx serves the dataset."""
+    """Every tool ``repeat`` times, interleaved; ``url`` is where nginx serves the dataset.
+
+    ``caches`` gives each model-cache run its cache folder.
+    """
     cold = kind_of(scenario) == "cold"
-    tools = [t for t in tools if t in KIND_TOOLS[kind_of(scenario)]]
+    tools = scenario_tools(scenario, tools)
     results = {tool: ToolResult() for tool in tools}
     print(f"\n== {scenario}: {dataset.target}" + (f" as {url}" if url else ""))
+    if caches is not None:
+        caches.fill(dataset, env, url)
     if not cold:
         warm(dataset.paths)
     for rep in range(repeat):
@@ -815,14 +922,57 @@ def run_scenario(
                 evict(dataset.paths)
             label = f"  [{rep + 1}/{repeat}] {tool:<12}"
             try:
-                run = run_worker(tool, dataset.target, env, url)
+                with caches.folder(tool) if caches is not None else nullcontext() as cache_dir:
+                    run = run_worker(tool, dataset.target, env, url, cache_dir)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 results[tool].errors.append(str(exc))
                 print(f"{label} FAILED {exc}")
                 continue
             results[tool].runs.append(run)
-            print(f"{label} {describe(run)}{check_bytes(tool, run, dataset)}")
+            checks = check_bytes(tool, run, dataset) + check_cache(tool, run)
+            print(f"{label} {describe(run)}{checks}")
     return results
+
+
+class CacheFolders:
+    """The cache folders of model-cache, in a temporary folder under ``parent``.
+
+    ``fill`` fills the one the warm-cache runs read, once, with an untimed worker;
+    ``folder(tool)`` is the cache folder of one run. ``close`` removes them all.
+    """
+
+    def __init__(self, parent: Path) -> None:
+        parent.mkdir(parents=True, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix=".bench-cache-", dir=parent))
+        self.warm = self.root / "warm"
+        self.files: list[Path] = []  # the filled cache's files, to read into the page cache
+
+    def fill(self, dataset: Dataset, env: dict[str, str], url: str | None) -> None:
+        label = f"  [untimed] {CACHE_FILL:<12}"
+        try:
+            run = run_worker(CACHE_FILL, dataset.target, env, url, self.warm)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"filling the cache {self.warm}: {exc}") from exc
+        print(f"{label} {describe(run)}  into {self.warm}")
+        self.files = sorted(p for p in self.warm.rglob("*") if p.is_file() and not p.is_symlink())
+
+    @contextmanager
+    def folder(self, tool: str) -> Iterator[Path | None]:
+        """None for cold-remote, the filled cache for warm-cache, a fresh one for populate."""
+        if tool == "warm-cache":
+            warm(self.files)  # as a daemon that just fetched it leaves it
+            yield self.warm
+        elif tool == "populate":
+            fresh = Path(tempfile.mkdtemp(prefix="populate-", dir=self.root))
+            try:
+                yield fresh
+            finally:
+                shutil.rmtree(fresh, ignore_errors=True)
+        else:
+            yield None
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def rotated(items: Sequence[str], by: int) -> list[str]:
@@ -836,6 +986,12 @@ def describe(run: dict[str, Any]) -> str:
     rss = "" if run["peak_rss"] is None else f"  peak RSS {run['peak_rss'] / GiB:5.2f} GiB"
     if run["peak_rss"] is not None and not run["peak_rss_reset"]:
         rss += " (could not reset: includes the prefault buffer)"
+    cache = run.get("cache")
+    if cache is not None:
+        rss += (
+            f"  cache {cache['hits']} hit(s) {cache['misses']} miss(es)"
+            f" {cache['downloaded'] / GB:.2f} GB downloaded"
+        )
     return f"{speed:6.2f} GB/s  {run['seconds']:6.2f} s  CPU {cpu_per_gb(run):5.2f} s/GB{rss}"
 
 
@@ -850,6 +1006,18 @@ def check_bytes(tool: str, run: dict[str, Any], dataset: Dataset) -> str:
     return f"  WARNING: {run['bytes']} bytes, expected {expected}"
 
 
+def check_cache(tool: str, run: dict[str, Any]) -> str:
+    """A warning when warm-cache downloaded tensors, or populate found them cached."""
+    cache = run.get("cache")
+    if cache is None:
+        return ""
+    if tool == "warm-cache" and (cache["misses"] or cache["downloaded"]):
+        return "  WARNING: the cache missed"
+    if tool == "populate" and cache["hits"]:
+        return "  WARNING: the fresh cache hit"
+    return ""
+
+
 # --------------------------------------------------------------------------- reporting
 
 
@@ -858,7 +1026,7 @@ def dataset_of(scenario: str) -> str:
 
 
 def kind_of(scenario: str) -> str:
-    """``warm``, ``cold``, ``http`` or ``s3``."""
+    """``warm``, ``cold``, ``http``, ``s3`` or ``cache``."""
     return scenario.rsplit("-", 1)[1]
 
 
@@ -871,12 +1039,18 @@ def ceiling_of(scenario: str) -> str:
     return REFERENCE[kind_of(scenario)]
 
 
+def ours_of(scenario: str) -> str:
+    """The tool measured against the ceiling: aioloader, or in model-cache warm-cache."""
+    return OURS.get(kind_of(scenario), "aioloader")
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
 def summarize(scenario: str, dataset: Dataset, results: dict[str, ToolResult]) -> dict[str, Any]:
-    ours = results.get("aioloader")
+    """The table's numbers; "aioloader" in the keys stands for ``ours`` (see ``ours_of``)."""
+    ours = results.get(ours_of(scenario))
     ours_median = ours.median if ours else None
     ceiling = results.get(ceiling_of(scenario))
     ceiling_median = ceiling.median if ceiling else None
@@ -898,6 +1072,7 @@ def summarize(scenario: str, dataset: Dataset, results: dict[str, ToolResult]) -
         "files": len(dataset.files),
         "tensor_bytes": dataset.tensor_bytes,
         "ceiling": ceiling_of(scenario),
+        "ours": ours_of(scenario),
         "aioloader_over_ceiling": ratio(ours_median, ceiling_median),
         "tools": tools,
     }
@@ -912,7 +1087,7 @@ COLUMNS = (  # (heading, summary key); every value is printed with two decimals
     ("best GB/s", "best_gbps"),
     ("peak RSS GiB", "peak_rss_gib"),
     ("CPU s/GB", "cpu_s_per_gb"),
-    ("aioloader/tool", "aioloader_over_tool"),
+    ("{ours}/tool", "aioloader_over_tool"),
     ("tool/{ceiling}", "tool_over_ceiling"),
 )
 CPU_NOTE = (
@@ -924,7 +1099,8 @@ SERVER_NOTE = "the server (nginx) is not measured: its CPU is not in CPU s/GB"
 
 def format_table(scenario: str, summary: dict[str, Any]) -> str:
     size = summary["tensor_bytes"] / GiB
-    headings = [heading.format(ceiling=summary["ceiling"]) for heading, _ in COLUMNS]
+    names = {"ceiling": summary["ceiling"], "ours": summary["ours"]}
+    headings = [heading.format(**names) for heading, _ in COLUMNS]
     widths = [len(heading) + 1 for heading in headings]
 
     def row(name: str, cells: Sequence[str]) -> str:
@@ -939,7 +1115,7 @@ def format_table(scenario: str, summary: dict[str, Any]) -> str:
         lines.append(row(tool, ["failed"] if values["median_gbps"] is None else cells))
     over = _cell(summary["aioloader_over_ceiling"], ".2f")
     if is_remote(scenario):
-        lines.append(f"aioloader / {summary['ceiling']}: {over}  ({SERVER_NOTE})")
+        lines.append(f"{summary['ours']} / {summary['ceiling']}: {over}  ({SERVER_NOTE})")
     else:
         lines.append(f"aioloader / ceiling ({summary['ceiling']}): {over}")
     return "\n".join(lines)
@@ -1220,8 +1396,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0],
         epilog=(
-            f"scenarios: {', '.join(SCENARIOS)}; tools: {', '.join(TOOLS)}"
-            f" (and on request {', '.join(EXTRA_TOOLS)})"
+            f"scenarios: {', '.join(DEFAULT_SCENARIOS)} (and on request"
+            f" {', '.join(CACHE_SCENARIOS)}); tools: {', '.join(TOOLS)} (and on request"
+            f" {', '.join(EXTRA_TOOLS)}; model-cache's own: {', '.join(CACHE_TOOLS)})"
         ),
     )
     parser.add_argument(
@@ -1233,7 +1410,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=REPO_ROOT / "bench-data", help="test data folder"
     )
-    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), metavar="NAME")
+    parser.add_argument("--scenarios", nargs="+", default=list(DEFAULT_SCENARIOS), metavar="NAME")
     parser.add_argument("--skip-cold", action="store_true", help="leave out the cold scenarios")
     parser.add_argument(
         "--skip-remote", action="store_true", help="leave out the HTTP and S3 scenarios (no nginx)"
@@ -1243,9 +1420,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 GiB model, 1 repetition")
     parser.add_argument("--worker", nargs=2, metavar=("TOOL", "PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)  # the worker's PATH as nginx serves it
+    parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)  # model-cache's
     args = parser.parse_args(argv)
     args.scenarios = _names(args.scenarios, SCENARIOS, parser)
-    args.tools = _names(args.tools, TOOLS + EXTRA_TOOLS, parser)
+    args.tools = _names(args.tools, TOOLS + EXTRA_TOOLS + CACHE_TOOLS, parser)
     if args.skip_cold:
         args.scenarios = [s for s in args.scenarios if kind_of(s) != "cold"]
     if args.skip_remote:
@@ -1292,7 +1470,13 @@ def run_all(
                 scenario_env = remote_env(env)
                 if kind_of(scenario) == "s3":
                     scenario_env = s3_env(scenario_env, endpoint)
-            results = run_scenario(scenario, dataset, args.tools, args.repeat, scenario_env, url)
+            caches = None
+            if kind_of(scenario) == "cache":
+                caches = CacheFolders(args.out)
+                stack.callback(caches.close)
+            results = run_scenario(
+                scenario, dataset, args.tools, args.repeat, scenario_env, url, caches
+            )
             summaries[scenario] = summarize(scenario, dataset, results)
             print("\n" + format_table(scenario, summaries[scenario]))
     return summaries
@@ -1338,7 +1522,7 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def _jsonable(args: argparse.Namespace) -> dict[str, Any]:
-    hidden = ("worker", "url")
+    hidden = ("worker", "url", "cache_dir")
     return {
         k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in hidden
     }
@@ -1348,7 +1532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         tool, target = args.worker
-        print(json.dumps(worker(tool, Path(target), args.url)), flush=True)
+        print(json.dumps(worker(tool, Path(target), args.url, args.cache_dir)), flush=True)
         return 0
     return bench(args)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .._threads import finish_before_cancel
 from ..config import Limits
 from ..errors import FormatError
 from ..plan import ALIGNMENT, Read, Span
@@ -180,18 +181,11 @@ class StagedDevice(Device):
         )
 
     async def wait(self, read: Read, token: Any) -> None:
+        # The copy cannot be called back: keep its slot until it has finished
+        # reading from it, or the next read would overwrite bytes in flight.
         waiting = asyncio.ensure_future(self._engine.wait(token))
         try:
-            await asyncio.shield(waiting)
-        except asyncio.CancelledError:
-            # The copy cannot be called back: keep its slot until it has finished
-            # reading from it, or the next read would overwrite bytes in flight.
-            while not waiting.done():
-                try:
-                    await asyncio.wait([waiting])
-                except asyncio.CancelledError:
-                    continue
-            raise
+            await finish_before_cancel(waiting)
         finally:
             if waiting.done():
                 self.release(read)
