@@ -413,3 +413,30 @@ async def test_cancelled_fetch_releases_the_entry_and_resumes(
     model = await asyncio.wait_for(cache.fetch(url, chunk_size="256KiB"), 10)
     assert 0 < model.downloaded < path.stat().st_size  # the lock was free, the bytes kept
     assert_matches_files(await load_model(url, cache_dir=cache), path)
+
+
+async def test_load_waits_for_another_process_downloading_the_same_file(
+    http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    path = write_file(http_server.root / "m.safetensors", big_tensors(count=32))
+    size = path.stat().st_size
+    url = http_server.url_for("m.safetensors")
+    root = tmp_path / "cache"
+    http_server.stall("m.safetensors", 0.05, count=40, before_headers=True)
+    code = (
+        "import asyncio, sys; from aioloader import ModelCache; "
+        "asyncio.run(ModelCache(sys.argv[1]).fetch(sys.argv[2], chunk_size='256KiB', "
+        "concurrency=4))"
+    )
+    fetcher = await asyncio.create_subprocess_exec(sys.executable, "-c", code, str(root), url)
+    # Start loading once the other process holds the entry's download lock.
+    lock = entry_dir(root, url) / "lock"
+    for _ in range(200):
+        if lock.exists() and data_gets(http_server):
+            break
+        await asyncio.sleep(0.05)
+    got = await load_model(url, cache_dir=root, http=FAST)
+    assert await fetcher.wait() == 0
+    assert_matches_files(got, path)
+    # One download between the two: the load read the other process's copy.
+    assert http_server.bytes_sent <= size + 3 * PROBE_SIZE

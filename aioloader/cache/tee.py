@@ -204,7 +204,12 @@ class CachingSource(Source):
         await self._blocking(files.make, url, "creating the entry of")
         lock = await self._blocking(lambda: try_acquire(files.lock, exclusive=True), url, "locking")
         if lock is None:
-            return remote  # another process is downloading it: only read it
+            # Another process is downloading this file: wait for it to finish rather
+            # than download the same bytes twice, then read its copy.
+            lock = await acquire(files.lock, exclusive=True)
+            if await self._blocking(lambda: files.complete_for(version), url, "checking"):
+                lock.release()
+                return await self._open_cached(url, remote)
         try:
             partial = await self._blocking(
                 lambda: PartialFile.open(files, url, version), url, "preparing"
