@@ -288,10 +288,11 @@ async def run_load(
                     cost = device.cost(read)
                     staged -= cost
                     budget.release(cost)
-                done = time.perf_counter()
-                # Time the copy engine was busy: copies run one after another.
-                copy_seconds += done - max(submitted, copy_free_at)
-                copy_free_at = done
+                if token is not None:
+                    done = time.perf_counter()
+                    # Time the copy engine was busy: copies run one after another.
+                    copy_seconds += done - max(submitted, copy_free_at)
+                    copy_free_at = done
                 allocation = allocations[read.span]
                 for tensor in read.tensors:
                     waiting_on[tensor.name] -= 1
