@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from .cache import CachingSource, ModelCache
+from .cache.store import REMOTE_SCHEMES
 from .config import HttpOptions, Limits, S3Options
 from .devices.auto import device_for
 from .devices.base import Device
@@ -29,7 +30,6 @@ _DONE = object()
 
 URL = str | Sequence[str]
 CacheDir = str | os.PathLike[str] | ModelCache | Literal[False] | None
-_CACHED_SCHEMES = ("http", "https", "s3")
 
 
 def _cache_for(cache_dir: CacheDir) -> ModelCache | None:
@@ -284,7 +284,7 @@ class Loader:
             source = self._sources[scheme] = source_for(
                 urls[0], concurrency=self.limits.concurrency, http=self._http, s3=self._s3
             )
-        if not cached or self._cache is None or scheme not in _CACHED_SCHEMES:
+        if not cached or self._cache is None or scheme not in REMOTE_SCHEMES:
             return source
         key = f"{scheme}+cache"
         caching = self._sources.get(key)

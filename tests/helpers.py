@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 from collections.abc import Mapping
@@ -89,3 +90,20 @@ def write_raw(path: Path, header: Any, data: bytes = b"", *, length: int | None 
     prefix = struct.pack("<Q", len(body) if length is None else length)
     path.write_bytes(prefix + body + data)
     return path
+
+
+async def cancel_stream_after(loader: Any, url: str, ticks: int) -> None:
+    """Stream ``url`` through ``loader`` and cancel the consumer after ``ticks`` loop turns."""
+    import pytest
+
+    async def consume() -> None:
+        async with loader.stream(url) as stream:
+            async for _ in stream:
+                pass
+
+    task = asyncio.create_task(consume())
+    for _ in range(ticks):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import torch
 
 from aioloader import Loader, ReadError
 
-from .helpers import write_file
+from .helpers import cancel_stream_after, write_file
 
 
 @pytest.fixture(scope="module")
@@ -28,18 +27,7 @@ def medium(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("ticks", [0, 1, 2, 3, 5, 8, 13, 21, 34, 55])
 async def test_cancel_at_any_point(medium: Path, ticks: int) -> None:
     async with Loader(chunk_size="256KiB", concurrency=4, memory_limit="2MiB") as loader:
-
-        async def consume() -> None:
-            async with loader.stream(str(medium)) as stream:
-                async for _ in stream:
-                    pass
-
-        task = asyncio.create_task(consume())
-        for _ in range(ticks):
-            await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancel_stream_after(loader, str(medium), ticks)
         stats = loader.statistics()
         assert stats["budget"].used == 0 and stats["budget"].waiting == 0
         assert stats["streams"] == 0

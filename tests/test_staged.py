@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,14 @@ from safetensors.torch import load_file
 from aioloader import ConfigError, FormatError, Loader, load_model
 from aioloader.devices.staged import HostCopyEngine, StagedDevice
 
-from .helpers import assert_matches_files, assert_same, random_tensors, write_file, write_sharded
+from .helpers import (
+    assert_matches_files,
+    assert_same,
+    cancel_stream_after,
+    random_tensors,
+    write_file,
+    write_sharded,
+)
 
 
 def _ring(loader: Loader) -> StagedDevice:
@@ -71,18 +77,7 @@ async def test_each_tensor_is_complete_when_handed_out(tmp_path: Path) -> None:
 async def test_cancel_returns_every_slot(tmp_path: Path, ticks: int) -> None:
     path = write_file(tmp_path / "m.safetensors", random_tensors(big=2_000_000))
     async with Loader(device=HostCopyEngine(), chunk_size="64KiB", memory_limit="512KiB") as loader:
-
-        async def consume() -> None:
-            async with loader.stream(str(path)) as stream:
-                async for _ in stream:
-                    pass
-
-        task = asyncio.create_task(consume())
-        for _ in range(ticks):
-            await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancel_stream_after(loader, str(path), ticks)
         assert _ring(loader).ring.in_use == 0
         assert loader.statistics()["budget"].used == 0
         # The loader still works afterwards, on the same ring.
