@@ -20,6 +20,13 @@ Tools (each is one way of doing the same job):
   (libaio, queue depth 32, O_DIRECT) over the same files; cold scenarios only,
   since warm it would only measure fio's own buffers.
 * ``safetensors-pread`` -- on request only: ``load_file(..., backend="pread")``.
+* ``direct``      -- on request, cold only: the disk as a plain reader with
+  aioloader's request shape sees it: 16 threads doing ``O_DIRECT`` ``preadv`` of
+  16 MiB into fresh NumPy memory (huge pages), no parsing.
+* ``direct-4k``   -- the same into memory that may not use huge pages
+  (``MADV_NOHUGEPAGE``): each request then carries at most the block queue's
+  ``max_segments`` 4 KiB pages. Side by side with ``direct`` it shows how much
+  of a virtual disk's speed is set by the size of each request.
 * ``curl``        -- the reference over HTTP: one ``curl`` downloading the files
   one after the other over one connection into ``/dev/null``.
 * ``s5cmd``       -- the reference over S3: one ``s5cmd run`` that runs ``cat`` on
@@ -119,7 +126,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -128,7 +135,7 @@ GB = 10**9
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("aioloader", "safetensors", "runai", "preadv", "fio", "curl", "s5cmd")  # the default set
-EXTRA_TOOLS = ("safetensors-pread",)  # on request, with --tools
+EXTRA_TOOLS = ("safetensors-pread", "direct", "direct-4k")  # on request, with --tools
 # The ways model-cache loads (all of them unless --tools names some); "fill"
 # is its untimed worker that fills the cache the warm-cache runs read.
 CACHE_TOOLS = ("cold-remote", "warm-cache", "populate")
@@ -142,7 +149,7 @@ SCENARIOS = DEFAULT_SCENARIOS + CACHE_SCENARIOS
 LOCAL_TOOLS = ("aioloader", "safetensors", "safetensors-pread", "runai", "preadv")
 KIND_TOOLS = {
     "warm": frozenset(LOCAL_TOOLS),
-    "cold": frozenset((*LOCAL_TOOLS, "fio")),
+    "cold": frozenset((*LOCAL_TOOLS, "fio", "direct", "direct-4k")),
     "http": frozenset({"aioloader", "curl"}),
     "s3": frozenset({"aioloader", "s5cmd", "runai"}),
     "cache": frozenset(CACHE_TOOLS),
@@ -152,7 +159,9 @@ REMOTE_KINDS = frozenset({"http", "s3", "cache"})
 REFERENCE = {"warm": "preadv", "cold": "fio", "http": "curl", "s3": "s5cmd", "cache": "cold-remote"}
 # The tool in the headline ratio ("aioloader" but where named here).
 OURS = {"cache": "warm-cache"}
-WHOLE_FILE_TOOLS = frozenset({"preadv", "curl", "s5cmd"})  # they deliver file bytes, not tensors
+WHOLE_FILE_TOOLS = frozenset(
+    {"preadv", "direct", "direct-4k", "curl", "s5cmd"}
+)  # they deliver file bytes, not tensors
 
 SHARDS = 4
 ONE_TENSOR_SHAPE = (32768, 32768)  # BF16: 2 GiB
@@ -162,6 +171,9 @@ BF16 = 2  # bytes per element
 
 PREADV_THREADS = 2
 PREADV_CHUNK = 8 * MiB
+DIRECT_THREADS = 16  # aioloader's default concurrency and chunk size
+DIRECT_CHUNK = 16 * MiB
+DIRECT_ALIGN = 4 * KiB
 # O_DIRECT: libaio submits buffered reads synchronously, so --direct=0 never
 # has 32 reads in flight and is bounded by readahead and page-cache copies.
 # --direct=1 keeps the queue full; on the virtio disk of the VM this was
@@ -537,6 +549,60 @@ def _chunks(files: list[tuple[int, int]], size: int) -> Iterator[tuple[int, int,
         start += length
 
 
+def _prepare_direct(target: Path, files: list[Path], huge: bool = True) -> Prepared:
+    import mmap
+
+    import numpy as np
+
+    sizes = [p.stat().st_size for p in files]
+    total = sum(-(-size // DIRECT_ALIGN) * DIRECT_ALIGN for size in sizes)
+
+    def destination() -> Any:
+        if huge:  # numpy asks for huge pages on big arrays, as aioloader's host memory does
+            raw = np.empty(total + DIRECT_ALIGN, np.uint8)
+            skip = -raw.ctypes.data % DIRECT_ALIGN
+            return raw[skip : skip + total]
+        area = mmap.mmap(-1, total)
+        area.madvise(mmap.MADV_NOHUGEPAGE)
+        return np.frombuffer(area, np.uint8)
+
+    def load() -> Loaded:
+        buffer = destination()
+        fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in files]
+        try:
+            direct_all(memoryview(buffer), list(zip(fds, sizes, strict=True)))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return Loaded(buffer, sum(sizes))
+
+    return load
+
+
+def direct_all(dest: memoryview, files: list[tuple[int, int]]) -> None:
+    """Read whole files, each padded to 4 KiB, into ``dest`` with ``O_DIRECT`` from 16 threads.
+
+    O_DIRECT reads whole blocks: the last one of a file comes back short, at its end.
+    """
+    padded = [(fd, -(-size // DIRECT_ALIGN) * DIRECT_ALIGN) for fd, size in files]
+    ends = dict(files)
+    chunks = list(_chunks(padded, DIRECT_CHUNK))
+
+    def read(chunk: tuple[int, int, int, int]) -> None:
+        fd, offset, start, length = chunk
+        length = min(length, ends[fd] - offset)
+        while length > 0:
+            got = os.preadv(fd, [dest[start : start + -(-length // DIRECT_ALIGN) * DIRECT_ALIGN]],
+                            offset)  # fmt: skip
+            if got == 0:
+                raise EOFError(f"file shrank while reading (fd {fd}, offset {offset})")
+            offset, start, length = offset + got, start + got, length - got
+
+    with ThreadPoolExecutor(DIRECT_THREADS) as pool:
+        for future in [pool.submit(read, chunk) for chunk in chunks]:
+            future.result()
+
+
 def _prepare_fio(target: Path, files: list[Path]) -> Prepared:
     fio = shutil.which("fio")
     if fio is None:
@@ -654,7 +720,8 @@ def _cache_load(job: RemoteJob, cache_dir: Path | None) -> Prepared:
 
     run = event_loop_runner()
     cache = aioloader.ModelCache(cache_dir) if cache_dir is not None else None
-    through = cache if cache is not None else False  # False: not $AIOLOADER_CACHE_DIR either
+    # False: not $AIOLOADER_CACHE_DIR either
+    through: aioloader.ModelCache | Literal[False] = cache if cache is not None else False
 
     def load() -> Loaded:
         tensors = run(aioloader.load_model(job.target, cache_dir=through))
@@ -701,6 +768,8 @@ PREPARE: dict[str, Callable[[Path, list[Path]], Prepared]] = {
     "runai": _prepare_runai,
     "preadv": _prepare_preadv,
     "fio": _prepare_fio,
+    "direct": _prepare_direct,
+    "direct-4k": partial(_prepare_direct, huge=False),
 }
 
 
@@ -928,6 +997,7 @@ def run_scenario(
                 results[tool].errors.append(str(exc))
                 print(f"{label} FAILED {exc}")
                 continue
+            run["round"] = rep  # the runs of one round ran back to back: see paired_ratio
             results[tool].runs.append(run)
             checks = check_bytes(tool, run, dataset) + check_cache(tool, run)
             print(f"{label} {describe(run)}{checks}")
@@ -1048,6 +1118,34 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+PAIRED_RESAMPLES = 4000
+
+
+def paired_ratio(ours: ToolResult, other: ToolResult) -> tuple[float, float, float, int] | None:
+    """Ours over other, round by round: (geometric mean, 95% low, 95% high, rounds).
+
+    The machine's speed drifts between rounds more than the tools differ, but
+    the tools of one round run back to back, so the ratio within a round
+    cancels most of the drift. The interval is a percentile bootstrap over
+    rounds (seeded: the same runs always print the same interval); with fewer
+    than three rounds there is none to give.
+    """
+    theirs = {r["round"]: r for r in other.runs if "round" in r}
+    logs = [
+        math.log((r["bytes"] / r["seconds"]) / (o["bytes"] / o["seconds"]))
+        for r in ours.runs
+        if (o := theirs.get(r.get("round"))) is not None
+    ]
+    if len(logs) < 3:
+        return None
+    draw = random.Random(0)
+    means = sorted(
+        statistics.fmean(draw.choices(logs, k=len(logs))) for _ in range(PAIRED_RESAMPLES)
+    )
+    low, high = means[int(0.025 * PAIRED_RESAMPLES)], means[int(0.975 * PAIRED_RESAMPLES) - 1]
+    return math.exp(statistics.fmean(logs)), math.exp(low), math.exp(high), len(logs)
+
+
 def summarize(scenario: str, dataset: Dataset, results: dict[str, ToolResult]) -> dict[str, Any]:
     """The table's numbers; "aioloader" in the keys stands for ``ours`` (see ``ours_of``)."""
     ours = results.get(ours_of(scenario))
@@ -1062,6 +1160,7 @@ def summarize(scenario: str, dataset: Dataset, results: dict[str, ToolResult]) -
             "cpu_s_per_gb": r.cpu_per_gb,
             "aioloader_over_tool": ratio(ours_median, r.median),
             "tool_over_ceiling": ratio(r.median, ceiling_median),
+            "paired": (None if ours is None or r is ours else paired_ratio(ours, r)),
             "runs": r.runs,
             "errors": r.errors,
         }
@@ -1113,6 +1212,19 @@ def format_table(scenario: str, summary: dict[str, Any]) -> str:
     for tool, values in summary["tools"].items():
         cells = [_cell(values[key], ".2f") for _, key in COLUMNS]
         lines.append(row(tool, ["failed"] if values["median_gbps"] is None else cells))
+    paired = [
+        f"{tool} {p[0]:.2f} [{p[1]:.2f}, {p[2]:.2f}]"
+        for tool, values in summary["tools"].items()
+        if (p := values.get("paired")) is not None
+    ]
+    if paired:
+        rounds = max(
+            values["paired"][3] for values in summary["tools"].values() if values.get("paired")
+        )
+        lines.append(
+            f"{summary['ours']}/tool round by round over {rounds} rounds"
+            f" (geometric mean [95% interval]): " + "; ".join(paired)
+        )
     over = _cell(summary["aioloader_over_ceiling"], ".2f")
     if is_remote(scenario):
         lines.append(f"{summary['ours']} / {summary['ceiling']}: {over}  ({SERVER_NOTE})")
