@@ -298,8 +298,14 @@ async def test_eviction_is_lru_and_spares_entries_in_use(
         await cache.fetch(urls["c"])
         held = {e.url for e in cache.entries() if e.complete}
     assert held == {urls["a"], urls["c"]}  # "b" went instead
-    await cache.fetch(urls["d"])  # now "a" is free and the oldest
+    d = await cache.fetch(urls["d"])  # now "a" is free and the oldest
     assert {e.url for e in cache.entries() if e.complete} == {urls["c"], urls["d"]}
+    # The evicted models' link folders went with their entries; the others remain.
+    links = [p for p in (tmp_path / "cache" / "models").rglob("*") if p.is_symlink()]
+    assert sorted(p.resolve() for p in links) == sorted(
+        Path(cache.entry_files(urls[n]).data).resolve() for n in "cd"
+    )
+    assert Path(str(d.path)).is_file()
     assert cache.statistics().evictions == 2
     assert sum(e.bytes_on_disk for e in cache.entries()) <= cache.max_bytes  # type: ignore[operator]
     with pytest.raises(CacheError, match="evicted"):
@@ -319,6 +325,10 @@ async def test_remove_and_entries(http_server: FaultyHttpServer, tmp_path: Path)
             await cache.remove(url)
     assert await cache.remove(url)
     assert cache.entries() == [] and not await cache.remove(url)
+    assert not Path(str(model.path)).exists() and not Path(str(model.path)).is_symlink()
+    assert list((tmp_path / "cache" / "models").iterdir()) == []
+    again = await cache.fetch(url)  # links again
+    assert Path(str(again.path)).read_bytes() == (http_server.root / "m.safetensors").read_bytes()
 
 
 # -- configuration and failures ----------------------------------------------------------

@@ -211,9 +211,16 @@ class ModelCache:
         def link(remote: str, name: str) -> str:
             target = self.entry_files(remote).data
             path = folder / name
-            path.parent.mkdir(parents=True, exist_ok=True)
             temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-            os.symlink(target, temp)
+            for attempt in range(3):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.symlink(target, temp)
+                    break
+                except FileNotFoundError:
+                    # Another process pruned the folder as empty between the two calls.
+                    if attempt == 2:
+                        raise
             os.replace(temp, path)
             return str(path)
 
@@ -284,6 +291,7 @@ class ModelCache:
                 await asyncio.to_thread(files.discard)
             finally:
                 use.release()
+            await asyncio.to_thread(self._prune_models)
         except OSError as exc:
             raise cache_error(exc, self.root, f"removing {url}") from exc
         finally:
@@ -326,12 +334,31 @@ class ModelCache:
             logger.info("model cache %s: evicted %s (%d bytes)", self.root, entry.url, entry.size)
             total -= entry.bytes_on_disk
             evicted += 1
+        if evicted:
+            self._prune_models()
         if total > max_bytes:
             logger.warning(
                 "model cache %s holds %d bytes, above max_bytes=%d: the rest is in use",
                 self.root, total, max_bytes,
             )  # fmt: skip
         return evicted
+
+    def _prune_models(self) -> None:
+        """Delete the links under ``<root>/models/`` to evicted or removed entries.
+
+        A model folder left with no links goes too. A later fetch of that model
+        links its files again.
+        """
+        models = self.root / "models"
+        for folder, dirs, files in os.walk(models, topdown=False):
+            for name in files + dirs:
+                path = os.path.join(folder, name)
+                if os.path.islink(path) and not os.path.exists(path):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+            if folder != str(models):
+                with contextlib.suppress(OSError):  # not empty: it still links to entries
+                    os.rmdir(folder)
 
     async def _after_complete(self, url: str) -> None:
         """Bookkeeping once a load through the cache completed an entry."""
