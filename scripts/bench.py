@@ -983,12 +983,15 @@ def run_scenario(
     print(f"\n== {scenario}: {dataset.target}" + (f" as {url}" if url else ""))
     if caches is not None:
         caches.fill(dataset, env, url)
-    if not cold:
-        warm(dataset.paths)
     for rep in range(repeat):
         for tool in rotated(tools, rep):
+            # Warm runs (and nginx, which serves from the page cache) read the files
+            # into the cache before every run, not once: a proactive reclaimer such
+            # as DAMON's pageout drops pages nobody touched for a few seconds.
             if cold:
                 evict(dataset.paths)
+            else:
+                warm(dataset.paths)
             label = f"  [{rep + 1}/{repeat}] {tool:<12}"
             try:
                 with caches.folder(tool) if caches is not None else nullcontext() as cache_dir:
@@ -1309,6 +1312,7 @@ def machine_info(out: Path) -> dict[str, Any]:
         "kernel": platform.release(),
         "thp_enabled": read_text("/sys/kernel/mm/transparent_hugepage/enabled"),
         "thp_defrag": read_text("/sys/kernel/mm/transparent_hugepage/defrag"),
+        "proactive_reclaim": proactive_reclaim(),
         "filesystem": filesystem_of(out if out.exists() else out.parent),
         "python": platform.python_version(),
         "versions": {name: version_of(name) for name in packages},
@@ -1316,11 +1320,26 @@ def machine_info(out: Path) -> dict[str, Any]:
     }
 
 
+def proactive_reclaim() -> str | None:
+    """DAMON schemes running on this machine whose action reclaims memory, e.g. "pageout"."""
+    found = []
+    for scheme in sorted(
+        Path("/sys/kernel/mm/damon/admin/kdamonds").glob("*/contexts/*/schemes/*")
+    ):
+        kdamond = scheme.parents[3]
+        action = read_text(str(scheme / "action"))
+        if read_text(str(kdamond / "state")) == "on" and action in ("pageout", "lru_deprio"):
+            found.append(f"DAMON {action}")
+    return ", ".join(sorted(set(found))) or None
+
+
 def print_machine(info: dict[str, Any]) -> None:
     print(f"machine: {info['cpus']} CPUs ({info['cpus_usable']} usable), {info['cpu_model']}")
     print(f"         {info['memory_gib']} GiB RAM, kernel {info['kernel']}")
     print(f"         THP enabled: {info['thp_enabled']}; defrag: {info['thp_defrag']}")
     print(f"         data on {info['filesystem']}")
+    if info["proactive_reclaim"]:
+        print(f"         proactive reclaim: {info['proactive_reclaim']} (warm runs re-read first)")
     versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
     print(f"python {info['python']}: {versions}; fio: {info['fio']}")
 
