@@ -555,7 +555,7 @@ def _prepare_direct(target: Path, files: list[Path], huge: bool = True) -> Prepa
     import numpy as np
 
     sizes = [p.stat().st_size for p in files]
-    total = sum(-(-size // DIRECT_ALIGN) * DIRECT_ALIGN for size in sizes)
+    total = sum(map(_aligned, sizes))
 
     def destination() -> Any:
         if huge:  # numpy asks for huge pages on big arrays, as aioloader's host memory does
@@ -579,21 +579,24 @@ def _prepare_direct(target: Path, files: list[Path], huge: bool = True) -> Prepa
     return load
 
 
+def _aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole O_DIRECT blocks."""
+    return -(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN
+
+
 def direct_all(dest: memoryview, files: list[tuple[int, int]]) -> None:
     """Read whole files, each padded to 4 KiB, into ``dest`` with ``O_DIRECT`` from 16 threads.
 
     O_DIRECT reads whole blocks: the last one of a file comes back short, at its end.
     """
-    padded = [(fd, -(-size // DIRECT_ALIGN) * DIRECT_ALIGN) for fd, size in files]
     ends = dict(files)
-    chunks = list(_chunks(padded, DIRECT_CHUNK))
+    chunks = list(_chunks([(fd, _aligned(size)) for fd, size in files], DIRECT_CHUNK))
 
     def read(chunk: tuple[int, int, int, int]) -> None:
         fd, offset, start, length = chunk
         length = min(length, ends[fd] - offset)
         while length > 0:
-            got = os.preadv(fd, [dest[start : start + -(-length // DIRECT_ALIGN) * DIRECT_ALIGN]],
-                            offset)  # fmt: skip
+            got = os.preadv(fd, [dest[start : start + _aligned(length)]], offset)
             if got == 0:
                 raise EOFError(f"file shrank while reading (fd {fd}, offset {offset})")
             offset, start, length = offset + got, start + got, length - got

@@ -291,7 +291,8 @@ class ModelCache:
                 await asyncio.to_thread(files.discard)
             finally:
                 use.release()
-            await asyncio.to_thread(self._prune_models)
+            if existed:
+                await asyncio.to_thread(self._prune_models)
         except OSError as exc:
             raise cache_error(exc, self.root, f"removing {url}") from exc
         finally:
