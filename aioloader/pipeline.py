@@ -212,6 +212,9 @@ async def run_load(
         progress.bytes_total = sum(t.nbytes for t in chosen)
         header_done = time.perf_counter()
 
+        # Imports and (for a GPU) the device's context are set up in a thread
+        # before the first tensor is allocated.
+        await device.prepare()
         # Memory for every span is reserved before the first read: an mmap()
         # while readers are faulting pages in waits for the address-space lock,
         # and on the event loop that wait would stall everything else.
@@ -232,7 +235,6 @@ async def run_load(
             for tensor in read.tensors:
                 waiting_on[tensor.name] = waiting_on.get(tensor.name, 0) + 1
 
-        await device.prepare()
         landed: asyncio.Queue[tuple[Read, memoryview]] = asyncio.Queue()
         copying: asyncio.Queue[tuple[Read, Any, float]] = asyncio.Queue()
         pending = iter(reads)
@@ -250,7 +252,7 @@ async def run_load(
                 peak_staged = max(peak_staged, staged)
                 handed_over = False
                 try:
-                    buffer = device.staging(read, allocations[read.span])
+                    buffer = await device.stage(read, allocations[read.span])
                     try:
                         await blobs[read.span.file].read_into(read.start, [buffer])
                     except ReadError as exc:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from aioloader import Loader
@@ -52,3 +55,34 @@ async def test_loop_never_stalls_during_a_load(tmp_path: Path) -> None:
     assert worst < MAX_STALL, (
         f"event loop stalled {worst * 1000:.1f} ms during a {elapsed:.2f} s load"
     )
+
+
+@pytest.mark.parametrize("device", ["'cpu'", "HostCopyEngine()"])
+def test_torch_is_imported_off_the_event_loop(tmp_path: Path, device: str) -> None:
+    """A process whose first load imports torch must not import it on the loop's
+    thread: that held the loop for 1.9 s (measured on the CPU, staged path)."""
+    path = write_file(tmp_path / "m.safetensors", {"w": torch.ones(3)})
+    script = f"""
+import asyncio, sys, threading
+import aioloader
+from aioloader.devices.staged import HostCopyEngine
+assert "torch" not in sys.modules
+seen = []
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            seen.append(threading.current_thread().name)
+        return None
+
+sys.meta_path.insert(0, Watch())
+asyncio.run(aioloader.load_model({str(path)!r}, device={device}))
+print(seen)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    seen = done.stdout.strip().splitlines()[-1]
+    assert seen != "[]", "the load imported torch"
+    assert "MainThread" not in seen, f"torch was imported on the event loop's thread: {seen}"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -148,3 +150,65 @@ async def test_cuda_bit_identical(tmp_path: Path) -> None:
         for name, want in load_file(str(path), device="cuda").items():
             assert got[name].device == want.device
             assert torch.equal(got[name].view(torch.uint8), want.view(torch.uint8)), name
+
+
+async def test_ring_holds_two_slots_per_reader(tmp_path: Path) -> None:
+    """Page-locking runs at a few GB/s: the ring is what keeps readers and the copy
+    engine busy (one slot read into, one queued, per reader), not all of memory_limit."""
+    path = write_file(tmp_path / "m.safetensors", random_tensors(count=20, big=1_000_000))
+    async with Loader(
+        device=HostCopyEngine(), chunk_size="64KiB", memory_limit="8MiB", concurrency=4
+    ) as loader:
+        got = await loader.load(str(path))
+        device = _ring(loader)
+    assert device.ring.slots == 8 and device.ring_bytes == 8 * 64 * 1024
+    assert device.ring.pinned_bytes == device.ring_bytes
+    assert device.ring.peak_in_use <= 8
+    assert_matches_files(got, path)
+
+
+async def test_ring_is_pinned_only_when_a_read_needs_it(tmp_path: Path) -> None:
+    path = write_file(
+        tmp_path / "m.safetensors", {"empty": torch.ones(0), "none": torch.ones(0, 3)}
+    )
+    async with Loader(device=HostCopyEngine(), chunk_size="64KiB") as loader:
+        got = await loader.load(str(path))
+        assert _ring(loader).ring.pinned_bytes == 0
+    assert_matches_files(got, path)
+
+
+class _SlowCopies(HostCopyEngine):
+    """Copies that lag behind the readers, so every slot fills and readers must wait."""
+
+    def submit(self, source: Any, offset: int, target: Any, target_offset: int, nbytes: int) -> Any:
+        def copy() -> None:
+            time.sleep(0.002)
+            target[target_offset : target_offset + nbytes] = source[offset : offset + nbytes]
+
+        return self._stream.submit(copy)
+
+
+async def test_readers_wait_for_a_free_slot(tmp_path: Path) -> None:
+    # The budget admits 64 reads in flight; the ring has 4 slots (2 readers).
+    path = write_file(tmp_path / "m.safetensors", random_tensors(count=10, big=800_000))
+    async with Loader(
+        device=_SlowCopies(), chunk_size="16KiB", memory_limit="1MiB", concurrency=2
+    ) as loader:
+        got = await loader.load(str(path))
+        ring = _ring(loader).ring
+        assert loader.statistics()["budget"].used == 0
+    assert ring.slots == 4 and ring.peak_in_use == 4, "every slot was in use at some point"
+    assert ring.in_use == 0
+    assert_matches_files(got, path)
+
+
+@pytest.mark.parametrize("ticks", [0, 3, 11, 30])
+async def test_cancel_while_readers_wait_for_slots(tmp_path: Path, ticks: int) -> None:
+    path = write_file(tmp_path / "m.safetensors", random_tensors(count=10, big=800_000))
+    async with Loader(
+        device=_SlowCopies(), chunk_size="16KiB", memory_limit="1MiB", concurrency=2
+    ) as loader:
+        await cancel_stream_after(loader, str(path), ticks)
+        assert _ring(loader).ring.in_use == 0
+        assert loader.statistics()["budget"].used == 0
+        assert_matches_files(await loader.load(str(path)), path)

@@ -46,6 +46,10 @@ class Device(ABC):
     def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
         """The writable buffer of ``read.nbytes`` bytes that the reader fills."""
 
+    async def stage(self, read: Read, allocation: SpanAllocation) -> memoryview:
+        """The buffer the reader fills with ``read``'s bytes, once one is free."""
+        return self.staging(read, allocation)
+
     def cost(self, read: Read) -> int:
         """Staging budget bytes a read holds from ``staging`` until its copy completes."""
         return read.nbytes

@@ -10,6 +10,9 @@ tensors of one span share its buffer, which is freed when the last is dropped.
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import sys
 from typing import Any
 
 import numpy as np
@@ -96,9 +99,11 @@ class CpuDevice(Device):
 
     def __init__(self, framework: str = "torch") -> None:
         self._framework = framework
-        if framework == "torch":
-            # Import torch now, not inside the first load's timing (it takes seconds).
-            import torch  # noqa: F401
+
+    async def prepare(self) -> None:
+        if self._framework == "torch" and "torch" not in sys.modules:
+            # The first import of torch takes seconds: not on the event loop.
+            await asyncio.to_thread(importlib.import_module, "torch")
 
     def __repr__(self) -> str:
         return f"<CpuDevice framework={self._framework}>"

@@ -35,14 +35,21 @@ class TorchCudaEngine(CopyEngine):
                 "check the NVIDIA driver and that the container was given a GPU, or load to cpu"
             )
         self._device = torch.device(device)
-        if self._device.index is None:
-            self._device = torch.device("cuda", torch.cuda.current_device())
-        if self._device.index >= torch.cuda.device_count():
+        if self._device.index is not None and self._device.index >= torch.cuda.device_count():
             raise ConfigError(
                 f"device {str(device)!r} does not exist: this machine has "
                 f"{torch.cuda.device_count()} CUDA device(s)"
             )
         self.name = str(self._device)
+        self._stream: Any = None
+
+    def start(self) -> None:
+        import torch
+
+        # Creates the CUDA context (a second or more in a new process): in a worker thread.
+        if self._device.index is None:
+            self._device = torch.device("cuda", torch.cuda.current_device())
+            self.name = str(self._device)
         self._stream = torch.cuda.Stream(device=self._device)  # type: ignore[no-untyped-call]
 
     def pinned(self, nbytes: int) -> tuple[Any, memoryview]:

@@ -52,8 +52,12 @@ class CupyEngine(CopyEngine):
         self._cupy = cupy
         self._index = device
         self.name = f"cuda:{device}"
-        with cupy.cuda.Device(device):
-            self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._stream: Any = None
+
+    def start(self) -> None:
+        # Creates the CUDA context (a second or more in a new process): in a worker thread.
+        with self._cupy.cuda.Device(self._index):
+            self._stream = self._cupy.cuda.Stream(non_blocking=True)
 
     def pinned(self, nbytes: int) -> tuple[Any, memoryview]:
         memory = self._cupy.cuda.alloc_pinned_memory(nbytes)
