@@ -18,10 +18,11 @@ from .devices.base import Device
 from .errors import ClosedError, ConfigError
 from .layout import ModelLayout, resolve_layout
 from .pipeline import Selection, _Progress, load_headers, run_load
+from .redact import redact
 from .report import LoadReport
 from .safetensors import FileHeader
 from .sources.auto import scheme_of, source_for
-from .sources.base import Source
+from .sources.base import Source, aclose_all
 from .staging import ByteBudget
 
 __all__ = ["Loader", "ModelInfo", "StreamStatistics", "TensorStream", "inspect_model", "load_model"]
@@ -44,10 +45,11 @@ def _cache_for(cache_dir: CacheDir) -> ModelCache | None:
 
 
 def _display(url: URL) -> str:
+    """``url`` for messages, reports and task names: its secrets redacted."""
     if isinstance(url, str):
-        return url
+        return redact(url)
     urls = list(url)
-    return urls[0] if len(urls) == 1 else f"{urls[0]} and {len(urls) - 1} more files"
+    return redact(urls[0] if len(urls) == 1 else f"{urls[0]} and {len(urls) - 1} more files")
 
 
 @dataclass(frozen=True)
@@ -330,8 +332,7 @@ class Loader:
         source = self._source(url)
         layout = await resolve_layout(source, url)
         blobs, headers = await load_headers(source, layout, self.limits.concurrency)
-        for blob in blobs:
-            await blob.aclose()
+        await aclose_all(blobs)
         return ModelInfo(url=_display(url), layout=layout, headers=tuple(headers))
 
     async def _run(

@@ -1,4 +1,4 @@
-"""The ``aioloader`` command line: ``load``, ``inspect`` and ``serve``."""
+"""The ``aioloader`` command line: ``load``, ``inspect``, ``serve`` and ``cache verify``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from collections import Counter
@@ -141,6 +142,28 @@ async def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _cache_verify(args: argparse.Namespace) -> int:
+    from .cache import ModelCache
+
+    root = args.cache_dir or os.environ.get("AIOLOADER_CACHE_DIR")
+    if not root:
+        print(
+            "aioloader: error: give the cache folder with --cache-dir or AIOLOADER_CACHE_DIR",
+            file=sys.stderr,
+        )
+        return 2
+    results = await ModelCache(root).verify(args.url or None)
+    for result in results:
+        if result.status == "ok":
+            print(f"ok {result.url}")
+        else:
+            removed = " (removed: the next load downloads it again)" if result.removed else ""
+            print(f"{result.status} {result.url}: {result.detail}{removed}")
+    bad = sum(r.status in ("corrupt", "missing") for r in results)
+    print(f"{len(results)} file(s) checked, {bad} bad", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aioloader", description="Stream safetensors weights into memory."
@@ -161,6 +184,16 @@ def _parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="show tensors, dtypes and sizes from the headers")
     inspect.add_argument("url")
     inspect.add_argument("--json", action="store_true", help="print as JSON")
+
+    cache = sub.add_parser("cache", help="look after a node-local model cache")
+    cache_sub = cache.add_subparsers(dest="cache_command", required=True)
+    verify = cache_sub.add_parser(
+        "verify",
+        help="hash cached files again; remove and report those whose bytes changed",
+        description="Exits 1 when a file is corrupt (it is removed) or a URL is not cached.",
+    )
+    verify.add_argument("--cache-dir", help="the cache folder [AIOLOADER_CACHE_DIR]", metavar="DIR")
+    verify.add_argument("url", nargs="*", help="cached file URLs to check (default: all)")
 
     from .daemon.config import add_arguments
 
@@ -195,7 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else quiet,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    handler = {"load": _load, "inspect": _inspect, "serve": _serve}[args.command]
+    handler = {"load": _load, "inspect": _inspect, "serve": _serve, "cache": _cache_verify}[
+        args.command
+    ]
     try:
         return _run(handler(args))
     except LoaderError as exc:

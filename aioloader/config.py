@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError
@@ -149,6 +150,16 @@ class HttpOptions:
         stall_timeout: seconds without a single byte before a transfer counts as
             stalled and is retried.
         connect_timeout: seconds to establish a connection.
+        min_speed: bytes per second a transfer must average over each
+            ``speed_window``, or it is dropped and retried as stalled; an upstream
+            that trickles a byte at a time never trips ``stall_timeout``. ``0``
+            turns the check off.
+        speed_window: seconds over which ``min_speed`` is measured.
+        deadline: seconds one byte range may take, every attempt included
+            (``None``: no limit beyond the attempts and the checks above).
+        url_policy: called with every URL before a request is sent to it (the URL
+            asked for, each shard an index names, each redirect target); it raises a
+            ``LoaderError`` to refuse one. The preload daemon's allow-list is one.
     """
 
     headers: tuple[tuple[str, str], ...] = ()
@@ -157,15 +168,23 @@ class HttpOptions:
     backoff_max: float = 10.0
     stall_timeout: float = 30.0
     connect_timeout: float = 10.0
+    min_speed: int = 16 * KiB
+    speed_window: float = 30.0
+    deadline: float | None = None
+    url_policy: Callable[[str], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.headers, dict):
             object.__setattr__(self, "headers", tuple(self.headers.items()))
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        for name in ("backoff", "backoff_max", "stall_timeout", "connect_timeout"):
+        for name in ("backoff", "backoff_max", "stall_timeout", "connect_timeout", "min_speed"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative")
+        if self.speed_window <= 0:
+            raise ConfigError(f"speed_window must be positive, got {self.speed_window}")
+        if self.deadline is not None and self.deadline <= 0:
+            raise ConfigError(f"deadline must be positive (or None), got {self.deadline}")
 
 
 @dataclass(frozen=True)

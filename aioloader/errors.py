@@ -19,9 +19,15 @@ do about it. The tree is shallow on purpose::
     └── ClosedError (RuntimeError)        the Loader was used after aclose()
 
 ``asyncio.CancelledError`` is never wrapped: cancelling a load cancels it.
+
+Every message is redacted as the error is made (see ``redact.py``): the secrets of
+the URLs in it (presigned query strings, user info) never reach ``str(error)``.
+Attributes such as ``ReadError.url`` keep the URL as given, for programs.
 """
 
 from __future__ import annotations
+
+from .redact import redact
 
 __all__ = [
     "AccessDeniedError",
@@ -43,6 +49,9 @@ __all__ = [
 
 class LoaderError(Exception):
     """Base class of every error aioloader raises on purpose."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(LoaderError, ValueError):

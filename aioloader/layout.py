@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 from .errors import FormatError, SourceError
+from .safetensors import load_json
 from .sources.base import Source
 
 __all__ = ["INDEX_SUFFIX", "ModelLayout", "parse_index", "resolve_layout"]
@@ -59,8 +59,8 @@ def parse_index(raw: bytes, url: str) -> ModelLayout:
         FormatError: not JSON, or no usable ``weight_map``.
     """
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = load_json(raw)
+    except ValueError as exc:
         raise FormatError(f"{url}: index is not valid JSON ({exc})") from exc
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(
@@ -70,16 +70,39 @@ def parse_index(raw: bytes, url: str) -> ModelLayout:
             f'{url}: an index needs a "weight_map" object of tensor name -> shard file'
         )
     for name, shard in weight_map.items():
-        normal = posixpath.normpath(shard)
-        if normal.startswith("../") or normal == ".." or posixpath.isabs(normal):
+        problem = _shard_problem(shard)
+        if problem:
             raise FormatError(
-                f"{url}: tensor {name!r} maps to {shard!r}, outside the index's folder"
+                f"{url}: tensor {name!r} maps to shard {shard!r}, which {problem}; an index "
+                "names its shards as files in its own folder, never outside it"
             )
     shards = list(dict.fromkeys(weight_map.values()))
     metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
     return ModelLayout(
         files=tuple(shards), weight_map=dict(weight_map), metadata=metadata, index=url
     )
+
+
+def _shard_problem(shard: str) -> str | None:
+    """Why a shard name from an index is refused, or None.
+
+    Names are checked as written and percent-decoded (a remote source and the
+    cache decode them later), so ``%2e%2e/`` is as much a way out as ``../``.
+    """
+    if not shard:
+        return "is empty"
+    for form in dict.fromkeys((shard, unquote(shard))):
+        if any(ord(c) < 0x20 or c == "\x7f" for c in form):
+            return "holds a control character"
+        if "\\" in form:
+            return "holds a backslash"
+        if ":" in form.split("/", 1)[0]:
+            return "is a URL (a scheme, or a drive), not a name in the index's folder"
+        if form.startswith("/"):
+            return "is an absolute path"
+        if any(part in ("..", ".") for part in form.split("/")):
+            return "has a '.' or '..' segment"
+    return None
 
 
 async def _read_small(source: Source, url: str) -> bytes:

@@ -31,7 +31,7 @@ from .safetensors import (
     parse_header,
     parse_header_length,
 )
-from .sources.base import Blob, Source
+from .sources.base import Blob, Source, aclose_all
 from .staging import ByteBudget
 
 __all__ = ["Selection", "load_headers", "run_load"]
@@ -90,9 +90,7 @@ async def load_headers(
     try:
         await _gather(one(i, url) for i, url in enumerate(layout.files))
     except BaseException:
-        for blob in blobs:
-            if blob is not None:
-                await blob.aclose()
+        await aclose_all(b for b in blobs if b is not None)
         raise
     return [b for b in blobs if b is not None], [h for h in headers if h is not None]
 
@@ -324,8 +322,7 @@ async def run_load(
                 finally:
                     budget.release(device.cost(read))
     finally:
-        for blob in blobs:
-            await blob.aclose()
+        await aclose_all(blobs)
 
     finished = time.perf_counter()
     report = LoadReport(

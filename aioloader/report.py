@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .config import format_size
+from .redact import redact
 
 __all__ = ["LoadReport"]
 
@@ -14,7 +15,7 @@ class LoadReport:
     """The outcome of one load.
 
     Attributes:
-        url: what was loaded.
+        url: what was loaded, its secrets redacted (user info, query values).
         device: where the tensors were put.
         files: safetensors files read.
         tensors: tensors returned.
@@ -39,6 +40,10 @@ class LoadReport:
     total_seconds: float
     peak_staging_bytes: int
     settings: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A report is logged and printed: a presigned URL's signature must not be.
+        object.__setattr__(self, "url", redact(self.url))
 
     @property
     def overlap(self) -> float:

@@ -161,6 +161,11 @@ def _fail(url: str, message: str) -> HeaderError:
     return HeaderError(f"{url}: {message}")
 
 
+# Frameworks index with signed 64-bit integers: no dimension may exceed that, even in a
+# tensor with no elements (``[0, 10**20]`` holds nothing, yet torch cannot make it).
+_MAX_DIM = 2**63 - 1
+
+
 def _parse_shape(url: str, name: str, value: Any) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
@@ -168,7 +173,25 @@ def _parse_shape(url: str, name: str, value: Any) -> tuple[int, ...]:
         raise _fail(
             url, f"tensor {name!r}: shape must be a list of non-negative ints, got {value!r}"
         )
+    if any(d > _MAX_DIM for d in value):
+        raise _fail(
+            url,
+            f"tensor {name!r}: shape {value!r} has a dimension above 2**63 - 1, which no "
+            "framework can index; the header is corrupt",
+        )
     return tuple(value)
+
+
+def load_json(raw: bytes | str) -> Any:
+    """``json.loads`` that reports too-deep nesting as a ``ValueError`` like any bad JSON.
+
+    Headers and indexes are flat; nesting deep enough to exhaust the parser's stack
+    is an attack or corruption, never a model.
+    """
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def parse_header(raw: bytes, url: str, file_size: int) -> FileHeader:
@@ -185,8 +208,8 @@ def parse_header(raw: bytes, url: str, file_size: int) -> FileHeader:
     """
     data_start = PREFIX_SIZE + len(raw)
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = load_json(raw)
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         sniff_format(raw, url)
         raise _fail(url, f"header is not valid JSON ({exc}); the file is corrupt") from exc
     if not isinstance(doc, dict):

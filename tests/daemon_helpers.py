@@ -198,6 +198,39 @@ def running(cache_dir: Path, *args: str, **kw: Any) -> Iterator[Daemon]:
             daemon.proc.wait()
 
 
+def fake_entries(cache_dir: Path, count: int, size: int = 16) -> list[str]:
+    """``count`` complete entries of made-up URLs, written in the cache's own format
+    (its ``EntryFiles`` and ``Meta``) without a download; returns their URLs."""
+    from dataclasses import asdict
+
+    from aioloader.cache.entry import EntryFiles, Meta
+
+    now = time.time()
+    urls = []
+    for i in range(count):
+        url = f"https://models.invalid/fake-{i}/model.safetensors"
+        files = EntryFiles.of(cache_dir, url)
+        files.make()
+        files.data.write_bytes(bytes(size))
+        meta = Meta(
+            url=url, size=size, etag=f'"etag-{i}"', last_modified=None, complete=True,
+            created=now, last_used=now - count + i,
+        )  # fmt: skip
+        files.meta.write_text(json.dumps(asdict(meta), sort_keys=True))
+        urls.append(url)
+    return urls
+
+
+def read_syscalls(pid: int) -> int | None:
+    """How many read-like system calls process ``pid`` made so far (None: not on Linux)."""
+    try:
+        text = Path(f"/proc/{pid}/io").read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(": ") for line in text.splitlines())
+    return int(fields["syscr"])
+
+
 def final_files(cache_dir: Path) -> Sequence[Path]:
     """Every cache file under a final name (entry data and the model links)."""
     entries = sorted(cache_dir.glob("entries/*/data"))

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import gzip
 import json
 import os
+import re
 import socket
 import struct
 import termios
@@ -58,9 +60,10 @@ class _Fault:
     code: int = 500
     retry_after: float | None = None
     body: bytes = b""
+    past: int = 0  # only GETs whose range starts at or after this byte
 
-    def matches(self, path: str) -> bool:
-        return self.count > 0 and (self.path is None or self.path == path)
+    def matches(self, path: str, start: int = 0) -> bool:
+        return self.count > 0 and (self.path is None or self.path == path) and start >= self.past
 
 
 @dataclass
@@ -166,6 +169,7 @@ class FaultyHttpServer:
         self._redirects: dict[str, str] = {}
         self._redirect_all: str | None = None
         self._required: dict[str, str] = {}
+        self._etags: dict[str, str] = {}
         self._limit: tuple[int, int, float] | None = None
         self._log: list[tuple[RequestRecord, dict[str, str]]] = []
         self._bytes_sent = 0
@@ -313,9 +317,21 @@ class FaultyHttpServer:
         with self._lock:
             self._faults.append(fault)
 
-    def reset_after(self, path: str | None, nbytes: int, count: int = 1) -> None:
-        """Send headers and ``nbytes`` of body, then reset the connection (TCP RST)."""
-        self._add(_Fault("reset", _opt(path), count, nbytes=nbytes))
+    def reset_after(self, path: str | None, nbytes: int, count: int = 1, *, past: int = 0) -> None:
+        """Send headers and ``nbytes`` of body, then reset the connection (TCP RST).
+
+        ``past``: only GETs whose range starts at or after this byte (not the first probe).
+        """
+        self._add(_Fault("reset", _opt(path), count, nbytes=nbytes, past=past))
+
+    def encode(self, path: str | None, encoding: str = "gzip", count: int = 1) -> None:
+        """Answer with the body compressed and ``Content-Encoding: <encoding>``, although
+        the client asked for identity (as a misconfigured proxy or CDN does)."""
+        self._add(_Fault("encode", _opt(path), count, body=encoding.encode()))
+
+    def trickle(self, path: str | None, bytes_per_second: float, count: int = 1) -> None:
+        """Send the body one byte at a time, ``bytes_per_second`` of them each second."""
+        self._add(_Fault("trickle", _opt(path), count, seconds=1 / bytes_per_second))
 
     def short_body(self, path: str | None, count: int = 1) -> None:
         """Promise the full Content-Length, send half of it and close cleanly (FIN)."""
@@ -390,14 +406,26 @@ class FaultyHttpServer:
             return self._versions.get(_norm(path), _Version()).version
 
     def redirect(self, from_path: str, to_path: str) -> None:
-        """GET/HEAD of ``from_path`` answer 302 to ``to_path`` on this server."""
+        """GET/HEAD of ``from_path`` answer 302 to ``to_path`` on this server (or to
+        ``to_path`` itself when it is an absolute URL: another server)."""
         with self._lock:
-            self._redirects[_norm(from_path)] = _norm(to_path)
+            self._redirects[_norm(from_path)] = to_path if "://" in to_path else _norm(to_path)
 
     def redirect_all_to(self, other_url: str | None) -> None:
         """Every GET/HEAD answers 302 to the same path under ``other_url`` (None: stop)."""
         with self._lock:
             self._redirect_all = other_url.rstrip("/") if other_url else None
+
+    def set_etag(self, path: str, etag: str | None) -> None:
+        """Send ``etag`` as the ETag of ``path`` (None: the usual size-mtime-version one).
+
+        Lasts until changed; ``clear_faults()`` leaves it.
+        """
+        with self._lock:
+            if etag is None:
+                self._etags.pop(_norm(path), None)
+            else:
+                self._etags[_norm(path)] = etag
 
     def require_header(self, name: str, value: str | None) -> None:
         """Requests without ``name: value`` get 401 (``value=None`` lifts the rule)."""
@@ -477,7 +505,8 @@ class FaultyHttpServer:
                 location += "?" + request.query_string
             return web.Response(status=302, headers={"Location": location})
         if target is not None:
-            return web.Response(status=302, headers={"Location": f"{self.url}/{target}"})
+            location = target if "://" in target else f"{self.url}/{target}"
+            return web.Response(status=302, headers={"Location": location})
         return None
 
     def _lookup(self, request: web.Request, path: str) -> _Served | None:
@@ -488,11 +517,13 @@ class FaultyHttpServer:
         st = file.stat()
         with self._lock:
             state = self._versions.get(path)
+            etag = self._etags.get(path)
             version = state.version if state else 0
             flip_from = state.flip_from if state and state.flip_from is not None else -1
             fault = None
             if request.method == "GET":
-                fault = next((f for f in self._faults if f.matches(path)), None)
+                start = _range_start(request.headers.get("Range"))
+                fault = next((f for f in self._faults if f.matches(path, start)), None)
                 if fault is not None:
                     fault.count -= 1
                     self._faults = [f for f in self._faults if f.count > 0]
@@ -508,7 +539,7 @@ class FaultyHttpServer:
         return _Served(
             file=file,
             size=st.st_size,
-            etag=f'"{st.st_size:x}-{st.st_mtime_ns:x}-v{version}"',
+            etag=etag or f'"{st.st_size:x}-{st.st_mtime_ns:x}-v{version}"',
             # A new version is a new modification; one second per version keeps it visible
             # at HTTP-date resolution.
             last_modified=formatdate(st.st_mtime + version, usegmt=True),
@@ -552,6 +583,8 @@ class FaultyHttpServer:
                 status = 206
                 headers["Content-Range"] = f"bytes {first}-{last}/{served.size}"
 
+        if fault is not None and fault.kind == "encode":
+            return self._encoded(served, first, last, status, headers, fault.body.decode())
         response = web.StreamResponse(status=status, headers=headers)
         response.content_type = "application/octet-stream"
         response.content_length = last - first + 1
@@ -559,6 +592,20 @@ class FaultyHttpServer:
         if request.method == "HEAD":
             return response
         return await self._send_body(request, response, served, first, last)
+
+    def _encoded(
+        self, served: _Served, first: int, last: int, status: int, headers: dict[str, str],
+        encoding: str,
+    ) -> web.StreamResponse:  # fmt: skip
+        with served.file.open("rb") as fh:
+            fh.seek(first)
+            body = gzip.compress(fh.read(last - first + 1))
+        with self._lock:
+            self._bytes_sent += len(body)
+        headers = {**headers, "Content-Encoding": encoding}
+        return web.Response(
+            status=status, body=body, headers=headers, content_type="application/octet-stream"
+        )
 
     async def _send_body(
         self,
@@ -592,6 +639,9 @@ class FaultyHttpServer:
                 if sent >= total:
                     break
                 limit = cut if sent < cut else total
+                if fault is not None and fault.kind == "trickle":
+                    await asyncio.sleep(fault.seconds)
+                    limit = sent + 1
                 piece = fh.read(min(self.chunk_size, limit - sent))
                 if not piece:
                     break  # the file shrank under us; the client sees a short body
@@ -638,6 +688,12 @@ class _Hangup(asyncio.CancelledError):
     aiohttp treats a handler cancelled this way like a client that went away: no error
     log, no attempt to send a 500 on a connection that is already gone.
     """
+
+
+def _range_start(header: str | None) -> int:
+    """The first byte a ``Range: bytes=N-...`` header asks for (0 for none or a suffix)."""
+    match = re.match(r"\s*bytes\s*=\s*(\d+)-", header or "")
+    return int(match.group(1)) if match else 0
 
 
 def _opt(path: str | None) -> str | None:

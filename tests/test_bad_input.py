@@ -234,3 +234,45 @@ def test_permission_denied(tmp_path: Path) -> None:
     assert "DENIED" in out.stdout, out.stdout + out.stderr
     assert str(path) in out.stdout and "read access" in out.stdout
     assert issubclass(AccessDeniedError, PermissionError)
+
+
+@pytest.mark.parametrize(
+    "shard",
+    [
+        "%2e%2e/%2e%2e/etc/passwd",
+        "..%2f..%2fetc%2fpasswd",
+        "%2E%2E%2Fx.safetensors",
+        "sub/%2e/x.safetensors",
+        "/etc/passwd",
+        "file:///etc/passwd",
+        "s3://other-bucket/x.safetensors",
+        "https://other.example/x.safetensors",
+        "x\x00.safetensors",
+        "x%00.safetensors",
+        "..\\x.safetensors",
+    ],
+)
+async def test_index_shard_names_are_checked_decoded(tmp_path: Path, shard: str) -> None:
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a": shard}}))
+    message = await _fails(index, FormatError, "'a'", "outside")
+    assert repr(shard) in message
+
+
+async def test_deeply_nested_index(tmp_path: Path) -> None:
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    await _fails(index, FormatError, "not valid JSON", "nested too deeply")
+
+
+async def test_deeply_nested_header(tmp_path: Path) -> None:
+    header = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    await _fails(path, HeaderError, "nested too deeply")
+
+
+async def test_dimension_too_large_for_any_framework(tmp_path: Path) -> None:
+    header = {"huge": {"dtype": "F32", "shape": [0, 10**20], "data_offsets": [0, 0]}}
+    path = write_raw(tmp_path / "m.safetensors", header)
+    await _fails(path, HeaderError, "'huge'", "2**63")

@@ -257,6 +257,13 @@ def test_bad_input(http_server: FaultyHttpServer, tmp_path: Path) -> None:
 
         refused(400, "bad_json", raw=b"{not json")
         refused(400, "bad_json", raw=b'["a list"]')
+        refused(400, "bad_json", raw=b"")
+        refused(400, "bad_json", raw=b"\xff\xfe{}")
+        # Nested past the parser's limit, yet under the size limit: a JSON 400, no traceback.
+        refused(400, "too_deep", raw=b"[" * 30000 + b"]" * 30000)
+        refused(400, "too_deep", raw=b'{"url": ' + b"[" * 30000 + b"]" * 30000 + b"}")
+        body = refused(413, "body_too_large", raw=b'{"url": "' + b"x" * 70000 + b'"}')
+        assert "64 KiB" in str(body["detail"])
         body = refused(400, "unknown_fields", body={"url": allowed + "m", "colour": 1, "x": 2})
         assert body["fields"] == ["colour", "x"] and "colour" in str(body["detail"])
         refused(400, "missing_url", body={})
@@ -266,6 +273,9 @@ def test_bad_input(http_server: FaultyHttpServer, tmp_path: Path) -> None:
         refused(400, "bad_id", body={"url": allowed + "m.safetensors", "id": "../etc"})
         refused(403, "url_not_allowed", body={"url": "https://elsewhere/m.safetensors"})
         refused(403, "url_not_allowed", body={"url": allowed + "../secret.safetensors"})
+        refused(403, "url_not_allowed", body={"url": allowed + "%2e%2e/secret.safetensors"})
+        refused(403, "url_not_allowed", body={"url": allowed + "..%2fsecret.safetensors"})
+        refused(403, "url_not_allowed", body={"url": allowed[:-1] + "-evil/m.safetensors"})
 
         # A model that does not exist upstream fails; the daemon keeps serving.
         status, body = daemon.post({"url": allowed + "missing.safetensors", "id": "gone"})
@@ -313,6 +323,7 @@ def test_full_disk_fails_the_model(http_server: FaultyHttpServer, tmp_path: Path
         (["--max-cache-bytes", "lots"], "max cache bytes"),
         (["--model", "ftp://host/m.safetensors"], "not supported"),
         (["--port", "70000"], "port"),
+        (["--allow-prefix", "https://user@h/models/"], "allowed prefix"),
     ],
 )
 def test_refuses_to_start(tmp_path: Path, args: list[str], message: str) -> None:
@@ -373,7 +384,7 @@ def test_model_ids_and_displayed_urls() -> None:
     )
     assert model_id_for("https://h/x/embedder.safetensors").startswith("embedder-")
     assert display_url("https://user:pw@h:8443/m.safetensors?X-Amz-Signature=abc") == (
-        "https://h:8443/m.safetensors?..."
+        "https://REDACTED@h:8443/m.safetensors?X-Amz-Signature=REDACTED"
     )
     registry = Registry()
     first = registry.add("s3://b/m/")
@@ -381,3 +392,29 @@ def test_model_ids_and_displayed_urls() -> None:
     with pytest.raises(KeyError):
         registry.add("s3://b/other/", first.id)
     assert registry.readiness()[0] is False
+
+
+def test_bit_rot_in_the_cache_is_downloaded_again(
+    http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """A model found in the cache is checked against the checksums recorded when it was
+    written; a file whose bytes changed on disk is fetched again, never served."""
+    index, shards = write_model(http_server.root / "llama", shards=2, kib=300)
+    url = http_server.url_for("llama/model.safetensors.index.json")
+    cache = tmp_path / "cache"
+    with running(cache, "--model", url) as daemon:
+        daemon.wait_ready()
+        assert daemon.stop() == 0
+    data = _entry(cache, http_server.url_for(f"llama/{shards[0].name}")) / "data"
+    rotten = bytearray(data.read_bytes())
+    rotten[-100] ^= 0xFF
+    data.chmod(0o644)
+    data.write_bytes(bytes(rotten))
+
+    http_server.reset_counters()
+    with running(cache, "--model", url) as daemon:
+        daemon.wait_ready()
+        assert daemon.stop() == 0
+    assert "changed on disk" in daemon.output()
+    assert http_server.bytes_sent > shards[0].stat().st_size, "the rotten shard came again"
+    _check_final_files(cache, {http_server.url_for(f"llama/{p.name}"): p for p in [index, *shards]})

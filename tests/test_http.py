@@ -464,3 +464,107 @@ def test_under_uvloop(http_server: FaultyHttpServer) -> None:
     path = write_big(http_server.root, count=8)
     got = uvloop.run(load_model(http_server.url_for(NAME), chunk_size="64KiB", concurrency=4))
     assert_matches_files(got, path)
+
+
+# -- hostile and broken networks ---------------------------------------------------------
+
+
+async def test_steady_progress_is_not_given_up(http_server: FaultyHttpServer) -> None:
+    """A link that drops every connection, but delivers bytes each time, still finishes:
+    only attempts without progress use up max_attempts."""
+    path = write_big(http_server.root, count=8)
+    http_server.reset_after(NAME, 100_000, count=10_000, past=1)  # every range GET
+    got = await load_model(http_server.url_for(NAME), concurrency=2, chunk_size="1MiB", http=FAST)
+    assert_matches_files(got, path)
+    assert len(http_server.gets(NAME)) > 6 * 2, "ranges needed more than 6 attempts each"
+
+
+@pytest.mark.parametrize("cached", [False, True])
+async def test_compressed_answer_is_refused_then_retried(
+    http_server: FaultyHttpServer, tmp_path: Path, cached: bool
+) -> None:
+    """A body sent with Content-Encoding: gzip is not the file's bytes: none of it is
+    kept (not in the tensor, not in the cache), and the range is asked for again."""
+    path = write_big(http_server.root, count=4)
+    pass_probe(http_server)
+    http_server.encode(NAME, "gzip", count=2)
+    url = http_server.url_for(NAME)
+    cache = tmp_path / "cache" if cached else None
+    got = await load_model(url, concurrency=1, chunk_size="1MiB", http=FAST, cache_dir=cache)
+    assert_matches_files(got, path)
+    if cached:  # the second load is served by the cache: it must hold the right bytes
+        http_server.reset_counters()
+        assert_matches_files(await load_model(url, http=FAST, cache_dir=cache), path)
+        assert [parse_range(r.range)[0] for r in http_server.gets(NAME)] == [0], "from cache"
+
+
+async def test_compressed_answers_fail_the_load_clearly(http_server: FaultyHttpServer) -> None:
+    write_big(http_server.root, count=2)
+    url = http_server.url_for(NAME)
+    http_server.encode(NAME, "gzip", count=100)
+    with pytest.raises(ReadError) as info:
+        await load_model(url, http=HttpOptions(max_attempts=2, backoff=0.01, backoff_max=0.05))
+    assert url in str(info.value) and "Content-Encoding: gzip" in str(info.value)
+
+
+async def test_trickle_is_dropped_as_too_slow(http_server: FaultyHttpServer) -> None:
+    """An upstream sending a byte now and then never trips the stall timeout; the
+    minimum speed catches it, and such attempts use up max_attempts."""
+    write_big(http_server.root, count=4)
+    pass_probe(http_server)
+    http_server.trickle(NAME, bytes_per_second=50, count=100)
+    options = HttpOptions(
+        max_attempts=2, backoff=0.01, backoff_max=0.05, stall_timeout=5.0,
+        min_speed=10_000, speed_window=0.3,
+    )  # fmt: skip
+    started = time.monotonic()
+    async with asyncio.timeout(20):
+        with pytest.raises(ReadTimeoutError) as info:
+            await load_model(http_server.url_for(NAME), concurrency=1, http=options)
+    assert time.monotonic() - started < 5.0
+    assert "min_speed" in str(info.value) and "2 attempts" in str(info.value)
+
+
+async def test_deadline_bounds_one_range(http_server: FaultyHttpServer) -> None:
+    write_big(http_server.root, count=4)
+    pass_probe(http_server)
+    http_server.stall(NAME, 5.0, after_bytes=1_000, count=100)
+    options = HttpOptions(stall_timeout=30.0, deadline=0.5)
+    started = time.monotonic()
+    with pytest.raises(ReadTimeoutError) as info:
+        await load_model(http_server.url_for(NAME), concurrency=1, http=options)
+    assert time.monotonic() - started < 3.0
+    assert "deadline of 0.5 s" in str(info.value)
+
+
+@pytest.mark.parametrize("target", ["file:///etc", "s3://bucket"])
+async def test_redirect_to_another_scheme_is_refused(
+    http_server: FaultyHttpServer, target: str
+) -> None:
+    url = http_server.url_for(NAME)
+    http_server.redirect_all_to(target)
+    with pytest.raises(SourceError) as info:
+        await load_model(url, http=FAST)
+    message = str(info.value)
+    assert url in message and f"{target}/{NAME}" in message and "http://" in message
+
+
+async def test_url_policy_sees_every_url(http_server: FaultyHttpServer) -> None:
+    """The URL asked for, each shard, and each redirect target pass the policy first."""
+    write_sharded(http_server.root, random_tensors(count=6), shards=2)
+    http_server.redirect("old.index.json", "model.safetensors.index.json")
+    seen: list[str] = []
+
+    def policy(url: str) -> None:
+        seen.append(url)
+        if url.endswith("00002-of-00002.safetensors"):
+            raise AccessDeniedError(f"{url} is not allowed")
+
+    with pytest.raises(AccessDeniedError, match="00002-of-00002"):
+        await load_model(http_server.url_for("old.index.json"), http=HttpOptions(url_policy=policy))
+    assert seen[:2] == [
+        http_server.url_for("old.index.json"),
+        http_server.url_for("model.safetensors.index.json"),
+    ]
+    assert http_server.url_for("model-00001-of-00002.safetensors") in seen
+    assert not http_server.gets("model-00002-of-00002.safetensors"), "refused before sending"

@@ -2,7 +2,8 @@
 
 An entry is the folder ``<root>/entries/<sha256 of the URL>/``::
 
-    meta.json       {url, size, etag, last_modified, complete, created, last_used, boot_id}
+    meta.json       {url, size, etag, last_modified, complete, created, last_used, boot_id,
+                    checksum}: checksum is "xxh3-128:<hex>" of data, once complete
     data            the file's bytes, present only once complete
     data.partial    the bytes being downloaded, preallocated to the full size
     data.ranges     journal of the byte ranges of data.partial already written
@@ -10,7 +11,8 @@ An entry is the folder ``<root>/entries/<sha256 of the URL>/``::
     use             flock(LOCK_SH) by every reader; eviction needs LOCK_EX
 
 ``lock`` and ``use`` are never deleted: a process waiting on a lock file that
-another one unlinked would hold a lock nobody else can see.
+another one unlinked would hold a lock nobody else can see. Nothing below the
+cache folder is a symbolic link (see paths.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import hashlib
 import json
 import os
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Sequence
@@ -28,6 +31,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..errors import CacheError
+from .checksum import DigestMismatch, PrefixHash
+from .paths import check_dirs, make_dirs, open_file
 from .ranges import RangeSet
 
 __all__ = [
@@ -38,7 +43,9 @@ __all__ = [
     "cache_error",
     "clip",
     "key_of",
+    "no_room",
     "read_meta",
+    "regular_size",
     "write_meta",
 ]
 
@@ -58,6 +65,17 @@ def _boot_id() -> str | None:
 
 
 BOOT_ID = _boot_id()
+
+
+# Errors that mean "this cache cannot take these bytes": a load then goes on without it.
+_NO_ROOM = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+)
+
+
+def no_room(exc: OSError) -> bool:
+    """Whether ``exc`` says the cache is full, read-only or not ours to write."""
+    return exc.errno in _NO_ROOM
 
 
 def cache_error(exc: OSError, root: Path | str, doing: str) -> CacheError:
@@ -110,6 +128,7 @@ class Meta:
     created: float
     last_used: float
     boot_id: str | None = None
+    checksum: str | None = None
 
     @classmethod
     def new(cls, url: str, version: Version) -> Meta:
@@ -153,24 +172,36 @@ class EntryFiles:
         return self.dir / "use"
 
     def make(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        """Create the entry's folder (no link below the root is followed).
+
+        Raises:
+            CacheError: a link was planted on the way.
+        """
+        make_dirs(self.root, self.dir)
+
+    def exists(self) -> bool:
+        """Whether the entry's folder exists (no link below the root is followed)."""
+        return check_dirs(self.root, self.dir)
 
     def bytes_on_disk(self) -> int:
         total = 0
         for path in (self.data, self.partial):
             with contextlib.suppress(OSError):
-                total += os.stat(path).st_blocks * 512
+                total += os.lstat(path).st_blocks * 512
         return total
 
     def complete_for(self, version: Version) -> Meta | None:
-        """The metadata when ``data`` holds exactly ``version``, else None."""
+        """The metadata when ``data`` holds exactly ``version``, else None.
+
+        Raises:
+            CacheError: a symbolic link was planted on the way to the entry.
+        """
+        if not self.exists():
+            return None
         meta = read_meta(self)
         if meta is None or not meta.complete or not version.matches(meta):
             return None
-        try:
-            if os.stat(self.data).st_size != version.size:
-                return None
-        except OSError:
+        if regular_size(self.data) != version.size:
             return None
         return meta
 
@@ -180,8 +211,27 @@ class EntryFiles:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
-    def touch(self, meta: Meta) -> None:
-        write_meta(self, replace(meta, last_used=time.time()))
+    def touch(self, meta: Meta) -> bool:
+        """Mark the entry used now; False when the cache is full or read-only.
+
+        The time only orders eviction, so a cache that cannot take it still serves.
+        """
+        try:
+            write_meta(self, replace(meta, last_used=time.time()))
+        except OSError as exc:
+            if not no_room(exc):
+                raise
+            return False
+        return True
+
+
+def regular_size(path: Path) -> int | None:
+    """The size of a regular file at ``path`` (not a link), else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def read_meta(files: EntryFiles) -> Meta | None:
@@ -197,7 +247,8 @@ def write_meta(files: EntryFiles, meta: Meta) -> None:
     """Replace ``meta.json`` atomically: a temporary file, fsync, then rename."""
     temp = files.dir / f".meta.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
-        with open(temp, "wb") as fh:
+        fd = open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with open(fd, "wb") as fh:
             fh.write(json.dumps(asdict(meta), sort_keys=True).encode())
             fh.flush()
             os.fsync(fh.fileno())
@@ -231,9 +282,11 @@ def clip(buffers: Sequence[memoryview], limit: int) -> list[memoryview]:
 def _read_journal(path: Path, size: int) -> RangeSet:
     ranges = RangeSet()
     try:
-        text = path.read_text()
+        fd = open_file(path, os.O_RDONLY)
     except FileNotFoundError:
         return ranges
+    with open(fd, "rb") as fh:
+        text = fh.read().decode(errors="replace")
     for line in text.splitlines():
         parts = line.split()
         # A torn last line (crash mid-append) is ignored: those bytes are fetched again.
@@ -248,15 +301,26 @@ class PartialFile:
     """``data.partial`` and its journal, open for writing by the holder of ``lock``.
 
     Use ``PartialFile.open`` (resumes a matching partial download, or starts a new
-    one), then ``write`` ranges, then ``complete`` or ``close``.
+    one), then ``write`` ranges, then ``complete`` or ``close``. Writes also feed
+    the entry's checksum (see checksum.py).
     """
 
-    def __init__(self, files: EntryFiles, meta: Meta, done: RangeSet, fd: int, journal: int):
+    def __init__(
+        self,
+        files: EntryFiles,
+        meta: Meta,
+        done: RangeSet,
+        fd: int,
+        journal: int,
+        published_md5: str | None = None,
+    ) -> None:
         self.files = files
         self.meta = meta
         self.done = done
         self._fd: int | None = fd
         self._journal = journal
+        self._published_md5 = published_md5
+        self._digest = PrefixHash(md5=published_md5 is not None)
         # Threads write different ranges at once; the range set is shared.
         self._lock = threading.Lock()
 
@@ -265,11 +329,18 @@ class PartialFile:
         return self.meta.size
 
     @classmethod
-    def open(cls, files: EntryFiles, url: str, version: Version) -> PartialFile:
+    def open(
+        cls, files: EntryFiles, url: str, version: Version, *, published_md5: str | None = None
+    ) -> PartialFile:
         """Resume the partial download of ``version``, or start one from nothing.
+
+        Args:
+            published_md5: the MD5 the server published for the file; ``complete``
+                refuses bytes that do not match it.
 
         Raises:
             OSError: the disk is full or the folder not writable (the caller translates).
+            CacheError: a symbolic link was planted in the entry.
         """
         files.make()
         meta = read_meta(files)
@@ -278,41 +349,41 @@ class PartialFile:
             and not meta.complete
             and version.matches(meta)
             and meta.boot_id == BOOT_ID
-            and files.partial.exists()
-            and os.stat(files.partial).st_size == version.size
+            and regular_size(files.partial) == version.size
         )
-        if resumable:
-            assert meta is not None
-            done = _read_journal(files.journal, version.size)
-            fd = os.open(files.partial, os.O_RDWR | os.O_CLOEXEC)
-        else:
-            files.discard()
-            meta = Meta.new(url, version)
-            done = RangeSet()
-            fd = os.open(files.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
+        fd = journal = -1
+        try:
+            if resumable and meta is not None:
+                done = _read_journal(files.journal, version.size)
+                fd = open_file(files.partial, os.O_RDWR)
+            else:
+                files.discard()
+                meta = Meta.new(url, version)
+                done = RangeSet()
+                fd = open_file(files.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
                 _preallocate(fd, version.size)
                 write_meta(files, meta)
-            except BaseException:
-                os.close(fd)
-                files.discard()
-                raise
-        try:
-            journal = os.open(
-                files.journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
-            )
+            journal = open_file(files.journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         except BaseException:
-            os.close(fd)
+            for opened in (fd, journal):
+                if opened >= 0:
+                    os.close(opened)
+            if not resumable:
+                files.discard()  # nothing half made stays behind
             raise
-        return cls(files, meta, done, fd, journal)
+        return cls(files, meta, done, fd, journal, published_md5)
 
     def _require(self) -> int:
         if self._fd is None:
             raise ValueError(f"{self.files.partial} is closed")
         return self._fd
 
+    def _present(self) -> int:
+        with self._lock:
+            return min(self.done.prefix(), self.size)
+
     def write(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        """Write the bytes of ``buffers`` at ``offset`` and journal the range."""
+        """Write the bytes of ``buffers`` at ``offset``, journal the range, hash on."""
         fd = self._require()
         position = offset
         for view in clip(buffers, self.size - offset):
@@ -324,6 +395,8 @@ class PartialFile:
             with self._lock:
                 os.write(self._journal, f"{offset} {position}\n".encode())
                 self.done.add(offset, position)
+            # The bytes just written are in the page cache: hash them now, not at the end.
+            self._digest.advance(fd, self._present)
 
     def read(self, offset: int, buffers: Sequence[memoryview]) -> None:
         """Fill ``buffers`` from bytes already written (see ``done``)."""
@@ -347,13 +420,27 @@ class PartialFile:
         return self.covers(0, self.size)
 
     def complete(self) -> Meta:
-        """Make the entry complete: fsync, rename to ``data``, then mark the metadata."""
+        """Make the entry complete: hash the rest, fsync, rename to ``data``, mark it.
+
+        Raises:
+            DigestMismatch: the bytes do not match the MD5 the server published; the
+                entry is left as it was (the caller discards it).
+            OSError: as the file system reports.
+        """
         fd = self._require()
+        if not self.finished:
+            raise ValueError(f"{self.files.partial} is not complete yet")
+        self._digest.advance(fd, lambda: self.size, wait=True)
+        md5 = self._digest.md5()
+        if self._published_md5 is not None and md5 != self._published_md5:
+            raise DigestMismatch(self._published_md5, md5 or "")
         os.fsync(fd)
         os.replace(self.files.partial, self.files.data)
         _fsync_dir(self.files.dir)
         now = time.time()
-        self.meta = replace(self.meta, complete=True, last_used=now)
+        self.meta = replace(
+            self.meta, complete=True, last_used=now, checksum=self._digest.checksum()
+        )
         write_meta(self.files, self.meta)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.files.journal)

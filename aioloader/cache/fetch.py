@@ -1,4 +1,10 @@
-"""Downloading the missing byte ranges of a model's files into their cache entries."""
+"""Downloading the missing byte ranges of a model's files into their cache entries.
+
+Every acquire has its release in the same ``try``/``finally``, and a lock or a
+partial file that a thread opened after its caller was cancelled is closed
+again (``run_blocking``'s ``on_abandon``): a cancelled fetch (the daemon's
+DELETE, SIGTERM) leaves no lock held and no descriptor open.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from .._threads import run_blocking
 from ..config import HttpOptions, Limits, S3Options
+from ..errors import CacheError
 from ..pipeline import _gather
-from ..sources.base import Blob, Source
+from ..sources.base import Blob, Source, aclose_all
+from .checksum import DigestMismatch, md5_of_etag
 from .entry import EntryFiles, PartialFile, Version, cache_error
 from .locks import acquire
 from .ranges import split
@@ -78,8 +86,10 @@ class _Fetcher:
         executor: ThreadPoolExecutor,
         limits: Limits,
         meter: _Meter,
+        exclude: set[str],
     ) -> None:
         self.cache = cache
+        self.exclude = exclude  # the entries of this fetch: never evicted to make room
         self.source = source
         self.executor = executor
         self.piece = limits.chunk_size
@@ -105,13 +115,18 @@ class _Fetcher:
 
             await _gather(one(u) for u in urls)
         finally:
-            for blob in blobs.values():
-                await blob.aclose()
+            await aclose_all(blobs.values())
         return results
 
-    async def _blocking(self, fn: Callable[[], Any], url: str, doing: str) -> Any:
+    async def _blocking(
+        self,
+        fn: Callable[[], Any],
+        url: str,
+        doing: str,
+        on_abandon: Callable[[Any], object] | None = None,
+    ) -> Any:
         try:
-            return await run_blocking(self.executor, fn)
+            return await run_blocking(self.executor, fn, on_abandon)
         except OSError as exc:
             raise cache_error(exc, self.cache.root, f"{doing} {url}") from exc
 
@@ -142,21 +157,37 @@ class _Fetcher:
                 cache._count(hit=True)
                 self.meter.add(version.size)
                 return 0
+            await cache._make_room(files, version.size, self.exclude)
+            published = md5_of_etag(version.etag) if cache.check_etag else None
             partial: PartialFile = await self._blocking(
-                lambda: PartialFile.open(files, url, version), url, "preparing"
-            )
+                lambda: PartialFile.open(files, url, version, published_md5=published),
+                url, "preparing", on_abandon=PartialFile.close,
+            )  # fmt: skip
             try:
                 self.meter.add(partial.done.total)
                 missing = split(partial.done.missing(version.size), self.piece)
                 downloaded = sum(end - start for start, end in missing)
                 await _gather(self._copy(blob, partial, s, e) for s, e in missing)
-                await self._blocking(partial.complete, url, "completing")
+                await self._complete(partial, url, version)
             finally:
                 partial.close()
         finally:
             lock.release()
         cache._count(hit=False, downloaded=downloaded)
         return downloaded
+
+    async def _complete(self, partial: PartialFile, url: str, version: Version) -> None:
+        try:
+            await self._blocking(partial.complete, url, "completing")
+        except DigestMismatch as exc:
+            await self._blocking(partial.files.discard, url, "discarding")
+            raise CacheError(
+                f"{url}: the downloaded bytes have MD5 {exc.actual}, but the server's ETag "
+                f"{version.etag} publishes {exc.published}; the download was discarded. "
+                "Either the bytes were corrupted on the way (fetch again), or the ETag is "
+                "not an MD5 of the bytes (S3 objects encrypted with SSE-KMS or SSE-C): "
+                "fetch those with ModelCache(..., check_etag=False)"
+            ) from None
 
     async def _touch(self, files: EntryFiles, version: Version) -> bool:
         """Mark a complete entry used now; False when it vanished meanwhile."""

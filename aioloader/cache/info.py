@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..errors import CacheError
 from .entry import EntryFiles, read_meta
 from .locks import FileLock, acquire
 
-__all__ = ["CacheEntry", "CacheStatistics", "CachedModel"]
+__all__ = ["CacheEntry", "CacheStatistics", "CachedModel", "VerifyResult"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,31 @@ class CacheEntry:
     bytes_on_disk: int
     etag: str | None
     path: str
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What ``ModelCache.verify`` found for one file.
+
+    Attributes:
+        url: the remote file.
+        status: ``"ok"`` (its bytes hash to the checksum recorded when they were
+            written), ``"corrupt"`` (they changed on disk), ``"unchecked"`` (no
+            checksum was recorded: written by an older aioloader), ``"partial"``
+            (still downloading or abandoned) or ``"missing"`` (no entry).
+        detail: what was found, in words.
+        removed: a corrupt entry was deleted (the next fetch or load downloads it).
+    """
+
+    url: str
+    status: Literal["ok", "corrupt", "unchecked", "partial", "missing"]
+    detail: str
+    removed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Whether the entry is complete and its bytes are those written."""
+        return self.status == "ok"
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,12 @@ class RangeSet:
             return True
         return any(s <= start and end <= e for s, e in self._ranges)
 
+    def prefix(self) -> int:
+        """How many bytes from the start are present without a gap."""
+        if self._ranges and self._ranges[0][0] == 0:
+            return self._ranges[0][1]
+        return 0
+
     def missing(self, size: int) -> list[tuple[int, int]]:
         """The gaps in ``[0, size)``, in order."""
         gaps = []

@@ -5,9 +5,11 @@ Entries are keyed by the remote file's URL (see entry.py for what one holds).
 ranges; one process downloads an entry while the others wait on its ``lock``
 file, and concurrent fetches of one model in a process share one task. A
 complete entry is reused only while the remote still reports the same size and
-ETag (or Last-Modified when there is no ETag). With ``max_bytes``, the least
-recently used complete entries are evicted after each fetch, except those a
-reader holds through their ``use`` lock.
+ETag (or Last-Modified when there is no ETag). With a cap (``max_bytes``, or
+the one recorded in the folder: see space.py), the least recently used entries
+are evicted before a new one is written and after it completes, except those a
+process is downloading or reading. Every entry records a checksum of its bytes
+(see checksum.py), which ``verify`` checks again.
 """
 
 from __future__ import annotations
@@ -16,23 +18,23 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from .._threads import run_blocking
 from ..config import HttpOptions, Limits, S3Options
 from ..errors import CacheError, ConfigError
-from ..layout import ModelLayout, resolve_layout
+from ..layout import resolve_layout
 from ..sources.auto import scheme_of, source_for
-from ..sources.base import Source
 from .entry import EntryFiles, cache_error, key_of, read_meta
 from .fetch import Progress, _Fetcher, _Meter, _Options
-from .info import CachedModel, CacheEntry, CacheStatistics
-from .locks import acquire, try_acquire
+from .info import CachedModel, CacheEntry, CacheStatistics, VerifyResult
+from .links import ModelLinks
+from .locks import acquire, try_acquire_async
+from .space import evict, list_entries, prune_models, read_cap, write_cap
+from .verify import check_entry, run_stoppable
 
 __all__ = ["ModelCache"]
 
@@ -55,28 +57,41 @@ class _Flight:
     waiters: int = 0
 
 
-def _basename(url: str) -> str:
-    return unquote(urlparse(url).path.rstrip("/").rsplit("/", 1)[-1]) or "model"
+# Roots whose "cannot cache here" warning was shown: once per process, not per load.
+_warned_roots: set[str] = set()
 
 
 class ModelCache:
     """A cache of remote model files in ``root``, shared by every process that uses it.
 
     Args:
-        root: the cache folder (created when missing).
+        root: the cache folder (created when missing; it may be a symbolic link, but
+            nothing below it may be).
         max_bytes: evict least recently used entries to stay under this many bytes on
-            disk (``None``: never evict).
+            disk. It is recorded in the folder, and every process that uses the folder
+            without a cap of its own holds it too (``None``: the recorded cap, if any).
+        check_etag: check downloads against an ETag that is an MD5 (32 hex digits,
+            as S3 sends for a single-part upload). Turn it off for S3 objects encrypted
+            with SSE-KMS or SSE-C, whose ETags look like MD5s but are not.
 
     ``fetch`` downloads; ``Loader(cache_dir=...)`` loads through the cache.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        max_bytes: int | None = None,
+        check_etag: bool = True,
+    ) -> None:
         self.root = Path(root).expanduser().absolute()
         if max_bytes is not None and max_bytes < 0:
             raise ConfigError(f"max_bytes must be positive or None, not {max_bytes}")
         self.max_bytes = max_bytes
+        self.check_etag = check_etag
         self._flights: dict[tuple[str, ...], _Flight] = {}
         self._counters = _Counters()
+        self._cap_recorded = False
 
     def __repr__(self) -> str:
         c = self._counters
@@ -123,7 +138,9 @@ class ModelCache:
             The CachedModel, with a local ``path`` that ``load_model`` reads directly.
 
         Raises:
-            CacheError: the cache folder is full or not writable.
+            CacheError: the cache folder is full or not writable; a file name would
+                leave the cache folder (checked before anything is downloaded); a
+                download does not match the MD5 its server published.
             SourceError: the remote model could not be read (a partial download stays
                 in the cache and the next fetch resumes it).
         """
@@ -174,14 +191,14 @@ class ModelCache:
         executor = ThreadPoolExecutor(limits.concurrency, thread_name_prefix="aioloader-cache")
         try:
             layout = await resolve_layout(source, url)
+            # Every name is checked before a byte is downloaded.
+            links = ModelLinks.plan(url, layout, source.parent)
             wanted = ([layout.index] if layout.index else []) + list(layout.files)
-            fetcher = _Fetcher(self, source, executor, limits, _Meter(progress))
-            results = await fetcher.run(wanted)
             exclude = {key_of(u) for u in wanted}
+            fetcher = _Fetcher(self, source, executor, limits, _Meter(progress), exclude)
+            results = await fetcher.run(wanted)
             try:
-                model_path = await run_blocking(
-                    executor, lambda: self._link_model(url, layout, source)
-                )
+                model_path = await run_blocking(executor, lambda: links.create(self.root))
             except OSError as exc:
                 raise cache_error(exc, self.root, f"linking the files of {urls[0]}") from exc
             await self._evict(exclude)
@@ -200,45 +217,6 @@ class ModelCache:
             _entries=tuple(self.entry_files(u) for u in wanted),
         )
 
-    def _link_model(
-        self, url: str | list[str], layout: ModelLayout, source: Source
-    ) -> str | list[str]:
-        """A folder under ``<root>/models/`` that mirrors the model with symlinks."""
-        key = key_of(url if isinstance(url, str) else "\n".join(url))
-        folder = self.root / "models" / key
-        folder.mkdir(parents=True, exist_ok=True)
-
-        def link(remote: str, name: str) -> str:
-            target = self.entry_files(remote).data
-            path = folder / name
-            temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-            for attempt in range(3):
-                path.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.symlink(target, temp)
-                    break
-                except FileNotFoundError:
-                    # Another process pruned the folder as empty between the two calls.
-                    if attempt == 2:
-                        raise
-            os.replace(temp, path)
-            return str(path)
-
-        if layout.index is not None:
-            base = source.parent(layout.index).rstrip("/") + "/"
-            for remote in layout.files:
-                inside = remote.startswith(base)
-                link(remote, unquote(remote[len(base) :]) if inside else _basename(remote))
-            return link(layout.index, _basename(layout.index))
-        if not isinstance(url, str):
-            names: list[str] = []
-            for i, remote in enumerate(layout.files):
-                name = _basename(remote)
-                names.append(link(remote, name if name not in names else f"{i}-{name}"))
-            return names
-        paths = [link(remote, _basename(remote)) for remote in layout.files]
-        return paths[0] if layout.files == (url,) else str(folder)
-
     # -- entries, removal, eviction ----------------------------------------------------
 
     def entries(self) -> list[CacheEntry]:
@@ -246,25 +224,7 @@ class ModelCache:
 
         Reads the cache folder (blocking I/O: from async code, call it in a thread).
         """
-        out = []
-        folder = self.root / "entries"
-        try:
-            names = sorted(os.listdir(folder))
-        except FileNotFoundError:
-            return []
-        for name in names:
-            files = EntryFiles(self.root, folder / name)
-            meta = read_meta(files)
-            if meta is None:
-                continue
-            entry = CacheEntry(
-                url=meta.url, size=meta.size, complete=meta.complete,
-                last_used=meta.last_used, bytes_on_disk=files.bytes_on_disk(),
-                etag=meta.etag, path=str(files.dir),
-            )  # fmt: skip
-            out.append(entry)
-        out.sort(key=lambda e: e.last_used)
-        return out
+        return list_entries(self.root)
 
     async def remove(self, url: str) -> bool:
         """Delete the entry of the file at ``url``; waits for a download of it to end.
@@ -276,94 +236,137 @@ class ModelCache:
             CacheError: a load is reading the entry right now.
         """
         files = self.entry_files(url)
-        if not await asyncio.to_thread(files.dir.is_dir):
+        if not await run_blocking(None, files.exists):
             return False
         lock = await acquire(files.lock, exclusive=True)
         try:
-            use = await asyncio.to_thread(try_acquire, files.use, exclusive=True)
+            use = await try_acquire_async(files.use, exclusive=True)
             if use is None:
                 raise CacheError(
                     f"model cache {self.root}: {url} is being read by a load; remove it "
                     "once the load has finished"
                 )
             try:
-                existed = await asyncio.to_thread(files.meta.exists)
-                await asyncio.to_thread(files.discard)
+                existed = await run_blocking(None, files.meta.exists)
+                await run_blocking(None, files.discard)
             finally:
                 use.release()
             if existed:
-                await asyncio.to_thread(self._prune_models)
+                await run_blocking(None, lambda: prune_models(self.root))
         except OSError as exc:
             raise cache_error(exc, self.root, f"removing {url}") from exc
         finally:
             lock.release()
         return existed
 
-    async def _evict(self, exclude: set[str]) -> None:
-        if self.max_bytes is None:
-            return
+    # -- verification ------------------------------------------------------------------
+
+    async def verify(self, url: str | Sequence[str] | None = None) -> list[VerifyResult]:
+        """Hash cached files again and compare with the checksums recorded when written.
+
+        A file whose bytes changed on disk (bit rot, a stray write) is removed, with
+        its links, and reported ``"corrupt"``; the next fetch or load downloads it
+        again. Reads every byte checked, in a thread: seconds per GiB on a disk.
+
+        Args:
+            url: a file URL, or several (a model's ``CachedModel.files``); ``None``:
+                every entry.
+
+        Returns:
+            One VerifyResult per file, in order; ``"missing"`` for a URL not cached.
+
+        Raises:
+            CacheError: the cache folder cannot be read.
+        """
+        if url is None:
+            urls = [e.url for e in await run_blocking(None, self.entries)]
+        else:
+            urls = [url] if isinstance(url, str) else list(url)
+        return [await self._verify_one(u) for u in urls]
+
+    async def _verify_one(self, url: str) -> VerifyResult:
+        files = self.entry_files(url)
+        if not await run_blocking(None, files.exists):
+            return VerifyResult(url, "missing", f"{url} is not in the cache")
         try:
-            evicted = await asyncio.to_thread(self._evict_sync, self.max_bytes, exclude)
+            # Held while hashing, so that eviction leaves the file alone meanwhile.
+            use = await acquire(files.use, exclusive=False)
+            try:
+                result = await run_stoppable(lambda stop: check_entry(files, url, stop))
+            finally:
+                use.release()
+        except OSError as exc:
+            raise cache_error(exc, self.root, f"verifying {url}") from exc
+        if result.status != "corrupt":
+            return result
+        logger.warning("model cache %s: %s; removing it", self.root, result.detail)
+        try:
+            removed = await self._remove_corrupt(files, url)
+        except OSError as exc:
+            error = cache_error(exc, self.root, f"removing the corrupt {url}")
+            return replace(result, detail=f"{result.detail}; {error}")
+        return replace(result, removed=removed)
+
+    async def _remove_corrupt(self, files: EntryFiles, url: str) -> bool:
+        lock = await acquire(files.lock, exclusive=True)
+        try:
+
+            def discard() -> bool:
+                meta = read_meta(files)
+                if meta is None or meta.url != url:
+                    return False
+                # Readers that hold the file open keep reading their copy; no new
+                # load gets it. Its links go too.
+                files.discard()
+                prune_models(self.root)
+                return True
+
+            return await run_blocking(None, discard)
+        finally:
+            lock.release()
+
+    # -- the cap -----------------------------------------------------------------------
+
+    def _cap(self) -> int | None:
+        """This object's cap (recorded in the folder once), else the folder's (sync)."""
+        if self.max_bytes is None:
+            return read_cap(self.root)
+        if not self._cap_recorded:
+            try:
+                write_cap(self.root, self.max_bytes)
+            except OSError as exc:
+                logger.debug("model cache %s: cannot record max_bytes: %s", self.root, exc)
+            self._cap_recorded = True
+        return self.max_bytes
+
+    async def _evict(self, exclude: set[str], reserve: int = 0) -> None:
+        def run() -> int:
+            cap = self._cap()
+            return 0 if cap is None else evict(self.root, cap, exclude, reserve)
+
+        try:
+            evicted = await run_blocking(None, run)
         except OSError as exc:
             raise cache_error(exc, self.root, "evicting old entries") from exc
         self._counters.evictions += evicted
 
-    def _evict_sync(self, max_bytes: int, exclude: set[str]) -> int:
-        """Delete LRU complete entries until the cache fits; skip any that is locked."""
-        entries = self.entries()
-        total = sum(e.bytes_on_disk for e in entries)
-        evicted = 0
-        for entry in entries:
-            if total <= max_bytes:
-                break
-            files = EntryFiles(self.root, Path(entry.path))
-            if not entry.complete or files.dir.name in exclude:
-                continue
-            lock = try_acquire(files.lock, exclusive=True)
-            if lock is None:
-                continue
-            try:
-                use = try_acquire(files.use, exclusive=True)
-                if use is None:
-                    continue  # being read right now
-                try:
-                    files.discard()
-                finally:
-                    use.release()
-            finally:
-                lock.release()
-            logger.info("model cache %s: evicted %s (%d bytes)", self.root, entry.url, entry.size)
-            total -= entry.bytes_on_disk
-            evicted += 1
-        if evicted:
-            self._prune_models()
-        if total > max_bytes:
-            logger.warning(
-                "model cache %s holds %d bytes, above max_bytes=%d: the rest is in use",
-                self.root, total, max_bytes,
-            )  # fmt: skip
-        return evicted
-
-    def _prune_models(self) -> None:
-        """Delete the links under ``<root>/models/`` to evicted or removed entries.
-
-        A model folder left with no links goes too. A later fetch of that model
-        links its files again.
-        """
-        models = self.root / "models"
-        for folder, dirs, files in os.walk(models, topdown=False):
-            for name in files + dirs:
-                path = os.path.join(folder, name)
-                if os.path.islink(path) and not os.path.exists(path):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
-            if folder != str(models):
-                with contextlib.suppress(OSError):  # not empty: it still links to entries
-                    os.rmdir(folder)
+    async def _make_room(self, files: EntryFiles, size: int, exclude: set[str]) -> None:
+        """Evict old entries so that the ``size`` bytes of ``files`` fit under the cap."""
+        reserve = max(0, size - await run_blocking(None, files.bytes_on_disk))
+        await self._evict(exclude | {files.dir.name}, reserve)
 
     async def _after_complete(self, url: str) -> None:
         """Bookkeeping once a load through the cache completed an entry."""
         await self._evict({key_of(url)})
+
+    def _warn_uncached(self, exc: OSError, url: str) -> None:
+        """Say once per process that this cache cannot take files, and why."""
+        if str(self.root) in _warned_roots:
+            logger.debug("model cache %s: not caching %s: %s", self.root, url, exc)
+            return
+        _warned_roots.add(str(self.root))
+        error = cache_error(exc, self.root, f"caching {url}")
+        logger.warning("%s. Loading from the remote without caching (this is said once)", error)
 
     def _count_download(self, nbytes: int) -> None:
         self._counters.bytes_downloaded += nbytes

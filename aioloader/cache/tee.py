@@ -12,10 +12,18 @@ request: size and ETag), then:
   Once every byte has been written (a full load reads them all), closing the
   blob completes the entry; a partial load leaves it resumable;
 * otherwise the remote blob is returned as it is.
+
+When the cache cannot take the bytes (a full disk, a quota, a read-only or
+foreign folder: see ``no_room``), the load goes on from the remote alone, with
+one warning per process, and the entry's partial files are deleted. A lock or
+a partial file is never left open by a cancelled load: each is released in the
+``finally`` of the code that took it, or by ``on_abandon`` when a thread took it
+after its caller was cancelled.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,11 +31,11 @@ from typing import Any
 
 from .._threads import run_blocking
 from ..errors import CacheError, ClosedError
-from ..sources.base import Blob, Source
+from ..sources.base import Blob, Source, aclose_all
 from ..sources.file import FileSource
-from .entry import PartialFile, cache_error, clip
+from .entry import EntryFiles, PartialFile, Version, cache_error, clip, no_room
 from .fetch import version_of
-from .locks import FileLock, acquire, try_acquire
+from .locks import FileLock, acquire, try_acquire_async
 from .store import ModelCache
 
 __all__ = ["CachingSource"]
@@ -38,11 +46,13 @@ logger = logging.getLogger("aioloader")
 class _LocalBlob(Blob):
     """A complete entry's data, read under the remote URL while holding its ``use`` lock."""
 
-    def __init__(self, url: str, local: Blob, use: FileLock) -> None:
+    def __init__(self, source: CachingSource, url: str, local: Blob, use: FileLock | None) -> None:
         self.url = url
         self.size = local.size
+        self._source = source
         self._local = local
         self._use = use
+        source._open_blobs.add(self)
 
     def __repr__(self) -> str:
         return f"<cached {self._local!r} for {self.url!r}>"
@@ -54,14 +64,26 @@ class _LocalBlob(Blob):
         await self._local.read_into(offset, buffers)
 
     async def aclose(self) -> None:
+        self._source._open_blobs.discard(self)
         try:
             await self._local.aclose()
         finally:
-            self._use.release()
+            if self._use is not None:
+                self._use.release()
+
+
+def _discard_quietly(files: EntryFiles) -> None:
+    """Delete an entry's bytes when the cache gave up on it (a read-only one keeps them)."""
+    with contextlib.suppress(OSError):
+        files.discard()
 
 
 class _TeeBlob(Blob):
-    """A remote blob whose bytes are also written into the entry's partial file."""
+    """A remote blob whose bytes are also written into the entry's partial file.
+
+    When a write finds the cache full, the blob stops caching (``_partial`` is
+    None) and reads on from the remote; ``aclose`` then deletes the partial files.
+    """
 
     def __init__(
         self,
@@ -74,17 +96,20 @@ class _TeeBlob(Blob):
         self.size = remote.size
         self._source = source
         self._remote = remote
-        self._partial = partial
+        self._partial: PartialFile | None = partial
+        self._owned = partial
         self._lock = lock
         self._closed = False
+        source._open_blobs.add(self)
 
     def __repr__(self) -> str:
-        return f"<caching {self._remote!r} have={self._partial.done.total}/{self.size}>"
+        have = self._partial.done.total if self._partial is not None else "uncached"
+        return f"<caching {self._remote!r} have={have}/{self.size}>"
 
-    async def _blocking(self, fn: Callable[[], Any], doing: str) -> Any:
+    async def _blocking(self, fn: Callable[[], Any]) -> Any:
         if self._closed:
             raise ClosedError(f"{self.url} was already closed")
-        return await self._source._blocking(fn, self.url, doing)
+        return await run_blocking(self._source._pool(), fn)
 
     async def read_bytes(self, offset: int, length: int) -> bytes:
         buffer = bytearray(max(0, min(length, self.size - offset)))
@@ -93,35 +118,67 @@ class _TeeBlob(Blob):
 
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
         partial = self._partial
+        if partial is None:
+            await self._remote.read_into(offset, buffers)
+            return
         end = offset + sum(b.nbytes for b in clip(buffers, self.size - offset))
+        root = self._source.cache.root
         if partial.covers(offset, end):
-            await self._blocking(lambda: partial.read(offset, buffers), "reading the cache of")
+            try:
+                await self._blocking(lambda: partial.read(offset, buffers))
+            except OSError as exc:
+                raise cache_error(exc, root, f"reading the cache of {self.url}") from exc
             return
         await self._remote.read_into(offset, buffers)
         self._source.cache._count_download(end - offset)
-        await self._blocking(lambda: partial.write(offset, buffers), "writing")
+        try:
+            await self._blocking(lambda: partial.write(offset, buffers))
+        except OSError as exc:
+            if not no_room(exc):
+                raise cache_error(exc, root, f"writing {self.url}") from exc
+            # The bytes are in the caller's buffers already: only the cache gives up.
+            self._partial = None
+            self._source.cache._warn_uncached(exc, self.url)
 
     async def aclose(self) -> None:
         if self._closed:
             return
-        partial = self._partial
+        self._source._open_blobs.discard(self)
         try:
             await self._remote.aclose()
-            if partial.finished:
-                try:
-                    await run_blocking(self._source._pool(), partial.complete)
-                except OSError as exc:
-                    # The tensors are loaded already: do not fail the load over it.
-                    logger.warning("%s", cache_error(exc, self._source.cache.root, "completing"))
-                else:
-                    try:
-                        await self._source.cache._after_complete(self.url)
-                    except CacheError as exc:
-                        logger.warning("%s", exc)
+            partial = self._partial
+            if partial is not None and partial.finished:
+                await self._complete(partial)
         finally:
             self._closed = True
-            partial.close()
-            self._lock.release()
+            try:
+                if self._partial is None:
+                    # The cache gave up on this file: leave none of it behind.
+                    await run_blocking(self._source._pool(), self._discard)
+            finally:
+                self._owned.close()
+                self._lock.release()
+
+    def _discard(self) -> None:
+        self._owned.close()
+        _discard_quietly(self._owned.files)
+
+    async def _complete(self, partial: PartialFile) -> None:
+        cache = self._source.cache
+        try:
+            await run_blocking(self._source._pool(), partial.complete)
+        except OSError as exc:
+            # The tensors are loaded already: do not fail the load over it.
+            if no_room(exc):
+                self._partial = None
+                cache._warn_uncached(exc, self.url)
+            else:
+                logger.warning("%s", cache_error(exc, cache.root, f"completing {self.url}"))
+            return
+        try:
+            await cache._after_complete(self.url)
+        except CacheError as exc:
+            logger.warning("%s", exc)
 
 
 class CachingSource(Source):
@@ -142,6 +199,9 @@ class CachingSource(Source):
         self._local: FileSource | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
+        # Blobs handed out and not closed yet: closed with the source at the latest,
+        # so a caller that lost one (cancelled mid-cleanup) leaks no lock for long.
+        self._open_blobs: set[_LocalBlob | _TeeBlob] = set()
 
     def __repr__(self) -> str:
         return f"<CachingSource {self.inner!r} cache={self.cache!r}>"
@@ -175,7 +235,11 @@ class CachingSource(Source):
             await remote.aclose()
             raise
         if blob is not remote and not isinstance(blob, _TeeBlob):
-            await remote.aclose()
+            try:
+                await remote.aclose()
+            except BaseException:
+                await blob.aclose()
+                raise
         return blob
 
     async def _blocking(self, fn: Callable[[], Any], url: str, doing: str) -> Any:
@@ -185,46 +249,120 @@ class CachingSource(Source):
             raise cache_error(exc, self.cache.root, f"{doing} {url}") from exc
 
     async def _open_cached(self, url: str, remote: Blob) -> Blob:
-        cache = self.cache
-        files = cache.entry_files(url)
+        files = self.cache.entry_files(url)
         version = version_of(remote)
-        if await self._blocking(lambda: files.complete_for(version), url, "checking"):
-            use = await acquire(files.use, exclusive=False)
+        while True:
+            local = await self._open_local(url, files, version)
+            if local is not None:
+                return local
             try:
-                meta = await self._blocking(lambda: files.complete_for(version), url, "checking")
-                if meta is not None:
-                    await self._blocking(lambda: files.touch(meta), url, "updating")
-                    local = await self._local_source().open(str(files.data))
-                    cache._count(hit=True)
-                    return _LocalBlob(url, local, use)
-            except BaseException:
-                use.release()
-                raise
-            use.release()  # evicted meanwhile: fetch it again
-        await self._blocking(files.make, url, "creating the entry of")
-        lock = await self._blocking(lambda: try_acquire(files.lock, exclusive=True), url, "locking")
-        if lock is None:
-            # Another process is downloading this file: wait for it to finish rather
-            # than download the same bytes twice, then read its copy.
-            lock = await acquire(files.lock, exclusive=True)
-            if await self._blocking(lambda: files.complete_for(version), url, "checking"):
-                lock.release()
-                return await self._open_cached(url, remote)
+                lock = await self._lock(url, files, version)
+            except OSError as exc:
+                if not no_room(exc):
+                    raise cache_error(exc, self.cache.root, f"locking {url}") from exc
+                self.cache._warn_uncached(exc, url)
+                return remote
+            if lock is not None:
+                break
         try:
-            partial = await self._blocking(
-                lambda: PartialFile.open(files, url, version), url, "preparing"
-            )
+            partial = await self._prepare(url, files, version)
         except BaseException:
             lock.release()
             raise
-        cache._count(hit=False)
+        if partial is None:
+            lock.release()
+            return remote
+        self.cache._count(hit=False)
         return _TeeBlob(self, remote, partial, lock)
 
+    async def _open_local(self, url: str, files: EntryFiles, version: Version) -> Blob | None:
+        """The complete entry of ``version``, held by its ``use`` lock; else None."""
+        if not await self._blocking(lambda: files.complete_for(version), url, "checking"):
+            return None
+        use = await self._hold(url, files)
+        try:
+            meta = await self._blocking(lambda: files.complete_for(version), url, "checking")
+            if meta is None:
+                if use is not None:
+                    use.release()  # evicted meanwhile: fetch it again
+                return None
+            await self._blocking(lambda: files.touch(meta), url, "updating")
+            local = await self._local_source().open(str(files.data))
+        except BaseException:
+            if use is not None:
+                use.release()
+            raise
+        self.cache._count(hit=True)
+        return _LocalBlob(self, url, local, use)
+
+    async def _hold(self, url: str, files: EntryFiles) -> FileLock | None:
+        """The entry's ``use`` lock (shared); None in a cache this process cannot write.
+
+        Without it, eviction by another process may delete the file while it is read,
+        but the descriptor opened next keeps its bytes readable until the load ends.
+        """
+        try:
+            return await acquire(files.use, exclusive=False)
+        except OSError as exc:
+            if not no_room(exc):
+                raise cache_error(exc, self.cache.root, f"holding {url}") from exc
+            return None
+
+    async def _lock(self, url: str, files: EntryFiles, version: Version) -> FileLock | None:
+        """The entry's download lock; None when another process completed it meanwhile.
+
+        Raises:
+            OSError: the entry cannot be created or locked.
+        """
+        await run_blocking(self._pool(), files.make)
+        lock = await try_acquire_async(files.lock, exclusive=True, executor=self._pool())
+        if lock is not None:
+            return lock
+        # Another process is downloading this file: wait for it to finish rather
+        # than download the same bytes twice, then read its copy.
+        lock = await acquire(files.lock, exclusive=True)
+        try:
+            done = await run_blocking(self._pool(), lambda: files.complete_for(version))
+        except BaseException:
+            lock.release()
+            raise
+        if done:
+            lock.release()
+            return None
+        return lock
+
+    async def _prepare(self, url: str, files: EntryFiles, version: Version) -> PartialFile | None:
+        """The entry's partial file, under its lock; None when the cache has no room."""
+        try:
+            await self.cache._make_room(files, version.size, set())
+        except CacheError as exc:
+            logger.warning("%s", exc)  # other entries stay; this load goes on
+        try:
+            return await run_blocking(
+                self._pool(),
+                lambda: PartialFile.open(files, url, version),
+                on_abandon=PartialFile.close,
+            )
+        except OSError as exc:
+            if not no_room(exc):
+                raise cache_error(exc, self.cache.root, f"preparing {url}") from exc
+            problem = exc
+        await run_blocking(self._pool(), lambda: _discard_quietly(files))
+        self.cache._warn_uncached(problem, url)
+        return None
+
     async def aclose(self) -> None:
-        self._closed = True
-        local, self._local = self._local, None
-        if local is not None:
-            await local.aclose()
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True)
+        try:
+            if self._open_blobs:
+                logger.debug("%r: closing %d blobs left open", self, len(self._open_blobs))
+                await aclose_all(list(self._open_blobs))
+        finally:
+            self._closed = True
+            local, self._local = self._local, None
+            try:
+                if local is not None:
+                    await local.aclose()
+            finally:
+                executor, self._executor = self._executor, None
+                if executor is not None:
+                    executor.shutdown(wait=True)

@@ -12,16 +12,17 @@ Routes::
 
 With a token configured, /v1/* requires ``Authorization: Bearer <token>``;
 /health, /ready and /metrics stay open, since kubelet probes and most scrapers
-send no credentials and none of the three shows a full URL or a secret.
-Every error is JSON: ``{"error": <code>, "detail": <what to do>}``.
+send no credentials and none of the three shows a secret: every URL is shown
+with its user info and query values redacted. The probes answer from memory
+(the registry, kept current by ``watch.py``): they never read the cache.
+Every error is JSON: ``{"error": <code>, "detail": <what to do>}``, a bad body
+included (400: not JSON, nested too deep, not an object; 413: too large).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,21 +31,25 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from ..errors import CacheError, ClosedError, LoaderError
+from ..redact import redacting_logger
 from ..sources.auto import scheme_of
+from .allow import AllowList
 from .downloads import Downloads
 from .metrics import CONTENT_TYPE, Metrics
 from .state import ID_PATTERN, ModelRecord, Registry, display_url
+from .watch import CacheWatch
 
 if TYPE_CHECKING:
     from ..cache import ModelCache
 
 __all__ = ["DaemonState", "RequestError", "check_url", "make_app"]
 
-logger = logging.getLogger(__name__)
+logger = redacting_logger(__name__)
 
 _SCHEMES = ("http", "https", "s3")
 _FIELDS = {"url", "id"}
 _MAX_URL = 4096
+MAX_BODY = 64 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -56,10 +61,10 @@ class DaemonState:
     registry: Registry
     downloads: Downloads
     metrics: Metrics
+    watch: CacheWatch
     token: str | None = None
-    allow_prefixes: tuple[str, ...] = ()
+    allow: AllowList = field(default_factory=AllowList)
     stopping: bool = False
-    seen_evicted: set[str] = field(default_factory=set)
 
 
 STATE = web.AppKey("state", DaemonState)
@@ -80,8 +85,8 @@ class RequestError(Exception):
         return web.json_response(body, status=self.status)
 
 
-def check_url(url: object, allow_prefixes: tuple[str, ...] = ()) -> str:
-    """``url`` if the daemon may fetch it.
+def check_url(url: object, allow: AllowList | None = None) -> str:
+    """``url`` if the daemon may fetch it (``allow``: None or empty, any remote URL).
 
     Raises:
         RequestError: 400 when it is not a remote model URL, 403 when outside the allow-list.
@@ -99,17 +104,20 @@ def check_url(url: object, allow_prefixes: tuple[str, ...] = ()) -> str:
             f"URL scheme {scheme!r} is not supported: the daemon caches remote models "
             "(http://, https://, s3://); local paths and file:// URLs are already on the node",
         )
-    if not urlsplit(url).netloc:
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError as exc:  # an unbalanced "[" in the host, say
+        raise RequestError(400, "bad_url", f"{display_url(url)}: {exc}") from None
+    if not netloc:
         raise RequestError(400, "bad_url", f"{display_url(url)}: the URL names no host or bucket")
-    if allow_prefixes:
-        segments = urlsplit(url).path.split("/")
-        if ".." in segments or "." in segments or not url.startswith(allow_prefixes):
-            raise RequestError(
-                403,
-                "url_not_allowed",
-                f"{display_url(url)} is outside the allowed prefixes; ask the operator to add "
-                "its prefix to --allow-prefix / AIOLOADER_ALLOW_PREFIXES",
-            )
+    reason = allow.refusal(url) if allow is not None else None
+    if reason is not None:
+        raise RequestError(
+            403,
+            "url_not_allowed",
+            f"{display_url(url)} may not be fetched: {reason}; ask the operator to add its "
+            "prefix to --allow-prefix / AIOLOADER_ALLOW_PREFIXES",
+        )
     return url
 
 
@@ -136,6 +144,14 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         metrics.rejected.labels(status="500").inc()
         logger.warning("%s %s failed: %s", request.method, request.path, exc)
         return web.json_response({"error": type(exc).__name__, "detail": str(exc)}, status=500)
+    except Exception:
+        # A bug: the traceback goes to the log, never to the client.
+        metrics.rejected.labels(status="500").inc()
+        logger.exception("%s %s failed", request.method, request.path)
+        return web.json_response(
+            {"error": "internal_error", "detail": "the daemon failed; its log says why"},
+            status=500,
+        )
 
 
 @web.middleware
@@ -155,21 +171,6 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     return await handler(request)
 
 
-async def _refresh(state: DaemonState) -> None:
-    """Mark ready models whose files the cache no longer holds as evicted."""
-    ready = [r for r in state.registry.all() if r.status == "ready"]
-    if not ready:
-        return
-    entries = await asyncio.to_thread(state.cache.entries)
-    present = {e.url for e in entries if e.complete}
-    for record in ready:
-        gone = [f for f in record.files if f not in present]
-        if gone and record.status == "ready":
-            record.status = "evicted"
-            state.metrics.evicted()
-            logger.info("%s (%s) was evicted from the cache", display_url(record.url), record.id)
-
-
 def _find(state: DaemonState, key: str) -> ModelRecord:
     record = state.registry.find(key)
     if record is None:
@@ -184,7 +185,6 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    await _refresh(state)
     key = request.query.get("model")
     records = [_find(state, key)] if key is not None else None
     ok, body = state.registry.readiness(records)
@@ -204,22 +204,37 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    await _refresh(state)
     return web.json_response({"models": [r.as_dict() for r in state.registry.all()]})
 
 
 async def get_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    await _refresh(state)
     return web.json_response(_find(state, request.match_info["id"]).as_dict())
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise RequestError(
+            413,
+            "body_too_large",
+            f"the body is larger than {MAX_BODY // 1024} KiB; a request is "
+            '{"url": "...", "id": "optional"}',
+        ) from None
+    if not raw.strip():
+        raise RequestError(400, "bad_json", 'the body is empty; send {"url": "..."}')
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(400, "bad_json", f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError(
+            400,
+            "too_deep",
+            "the body nests arrays or objects too deeply; a request is a flat object: "
+            '{"url": "...", "id": "optional"}',
+        ) from None
     if not isinstance(body, dict):
         raise RequestError(400, "bad_json", 'the body must be a JSON object: {"url": "..."}')
     unknown = sorted(set(body) - _FIELDS)
@@ -236,7 +251,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
 async def add_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     body = await _body(request)
-    url = check_url(body.get("url"), state.allow_prefixes)
+    url = check_url(body.get("url"), state.allow)
     model_id = body.get("id")
     if model_id is not None and (not isinstance(model_id, str) or not ID_PATTERN.match(model_id)):
         raise RequestError(
@@ -275,13 +290,15 @@ async def delete_model(request: web.Request) -> web.Response:
         raise RequestError(
             409, "in_use", f"dropped from the registry, but its files stay cached: {exc}"
         ) from None
+    finally:
+        await state.watch.refresh()  # another model may have shared a file
     logger.info("dropped %s (%s)", display_url(record.url), record.id)
     return web.json_response({"id": record.id, "deleted": True})
 
 
 def make_app(state: DaemonState) -> web.Application:
     """The aiohttp application serving ``state``."""
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[_errors, _auth], client_max_size=MAX_BODY)
     app[STATE] = state
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)

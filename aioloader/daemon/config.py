@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..config import parse_size
 from ..errors import ConfigError
+from .allow import AllowList
 
 __all__ = ["DaemonConfig", "add_arguments", "config_from_args", "default_cache_dir"]
 
@@ -40,7 +41,8 @@ class DaemonConfig:
         max_cache_bytes: the cache's size limit (None: no limit).
         models: URLs to preload at startup and keep in the cache.
         token: the bearer token /v1/* requests must carry (None: no check).
-        allow_prefixes: URLs must start with one of these (empty: any URL).
+        allow_prefixes: URLs must lie under one of these, compared as parsed URLs
+            segment by segment (empty: any URL); see allow.py.
         concurrency: reads in flight per download (None: the cache's default).
         max_downloads: models downloading at once; the rest wait as ``queued``.
         grace_period: seconds from SIGTERM to exit.
@@ -68,6 +70,7 @@ class DaemonConfig:
             raise ConfigError(f"grace period must be >= 0 seconds, got {self.grace_period}")
         if self.max_cache_bytes is not None and self.max_cache_bytes <= 0:
             raise ConfigError(f"max cache bytes must be positive, got {self.max_cache_bytes}")
+        AllowList(self.allow_prefixes)  # raises ConfigError for a prefix it cannot use
 
     def __repr__(self) -> str:
         # The token never reaches a log line.
@@ -109,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-prefix",
         action="append",
         metavar="PREFIX",
-        help="accept only URLs starting with a prefix (repeatable) "
+        help="accept only URLs under a prefix, such as s3://bucket/models/ (repeatable) "
         "[AIOLOADER_ALLOW_PREFIXES, comma-separated]",
     )
 

@@ -5,26 +5,33 @@ error), so a failure is never lost and never takes the group, or the daemon,
 down with it. Closing the supervisor cancels what still runs and waits for it:
 the cache keeps a cancelled download's bytes under a temporary name, to be
 resumed by the next fetch of the same URL.
+
+Every fetch runs with the daemon's ``HttpOptions``, whose ``url_policy`` (the
+allow-list) is called on each URL the source is about to request: the model's,
+each shard's and each redirect target's. A refused URL fails the model with
+``UrlNotAllowedError``, the URL named with its secrets redacted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from ..config import HttpOptions
 from ..errors import ClosedError
+from ..redact import redacting_logger
 from .metrics import Metrics
 from .state import ModelRecord, Registry, display_url
 
 if TYPE_CHECKING:
-    from ..cache import ModelCache
+    from ..cache import CachedModel, ModelCache
 
 __all__ = ["Downloads"]
 
-logger = logging.getLogger(__name__)
+logger = redacting_logger(__name__)
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -43,6 +50,9 @@ class Downloads:
         metrics: counters to update.
         concurrency: reads in flight per download (None: the cache's default).
         max_downloads: models downloading at once; the others wait as ``queued``.
+        http: options of every fetch (the allow-list as ``url_policy``).
+        after_fetch: awaited after each fetch that reached the cache, before its
+            model is marked ready (the fetch may have evicted other models' files).
 
     Use as ``async with Downloads(...) as downloads:`` inside the server's task.
     """
@@ -55,11 +65,15 @@ class Downloads:
         *,
         concurrency: int | None = None,
         max_downloads: int = 2,
+        http: HttpOptions | None = None,
+        after_fetch: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._cache = cache
         self._registry = registry
         self._metrics = metrics
         self._concurrency = concurrency
+        self._http = http
+        self._after_fetch = after_fetch
         self._slots = asyncio.Semaphore(max_downloads)
         self._group = asyncio.TaskGroup()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -162,11 +176,21 @@ class Downloads:
 
         outcome = "error"
         try:
-            kwargs: dict[str, Any] = {"progress": progress}
+            kwargs: dict[str, Any] = {"progress": progress, "http": self._http}
             if self._concurrency is not None:
                 kwargs["concurrency"] = self._concurrency
             logger.info("fetching %s (%s)", display_url(record.url), record.id)
             cached = await self._cache.fetch(record.url, **kwargs)
+            if cached.hit and not await self._verify(cached):
+                # Bit rot in an entry found in the cache: it was removed; fetch it again.
+                logger.warning(
+                    "%s (%s): cached bytes changed on disk; downloading again",
+                    display_url(record.url),
+                    record.id,
+                )
+                cached = await self._cache.fetch(record.url, **kwargs)
+            if self._after_fetch is not None:
+                await self._after_fetch()
         except asyncio.CancelledError:
             outcome = "cancelled"
             record.fail(ClosedError("the download was cancelled"))
@@ -195,3 +219,13 @@ class Downloads:
         finally:
             metrics.in_flight.dec()
             metrics.load_seconds.labels(outcome=outcome).observe(time.monotonic() - started)
+
+    async def _verify(self, cached: CachedModel) -> bool:
+        """Whether every file of a model found in the cache still hashes to the checksum
+        recorded when it was written; corrupt entries are removed by the cache.
+
+        Fresh downloads are not hashed again here: their checksum was computed from the
+        bytes as they were written, moments ago.
+        """
+        results = await self._cache.verify(list(cached.files))
+        return not any(r.status == "corrupt" for r in results)

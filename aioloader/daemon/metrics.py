@@ -1,4 +1,8 @@
-"""Prometheus metrics of one daemon, in a registry of its own (never the global one)."""
+"""Prometheus metrics of one daemon, in a registry of its own (never the global one).
+
+No label carries a URL or a message, so none can carry a secret: labels are error
+class names (``kind``), HTTP statuses, download outcomes and model statuses.
+"""
 
 from __future__ import annotations
 

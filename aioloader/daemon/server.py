@@ -8,7 +8,9 @@ bytes under temporary names, so a restart resumes them and no partial file
 ever shows under a final name), and the process exits 0, all within the grace
 period. A second signal stops waiting and exits 1.
 
-Signal handlers are installed here only, and only from the main thread.
+Signal handlers are installed here only, and only from the main thread. While
+it serves, the redacting log filter also sits on the root logger's handlers, so
+that no record of any logger (aiohttp's included) prints a URL's secrets.
 """
 
 from __future__ import annotations
@@ -27,16 +29,20 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, LoaderError
+from ..redact import RedactingFilter, redacting_logger
 from .config import DaemonConfig, config_from_args
 
 __all__ = ["EXIT_STARTUP", "Server", "serve_from_args"]
 
-logger = logging.getLogger(__name__)
+logger = redacting_logger(__name__)
 
 EXIT_STARTUP = 2
 """Exit status when the daemon could not start (bad setting, cache not writable, port taken)."""
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Connections waiting to be accepted. Probes, scrapers and pods of a whole node can
+# arrive at once, and a connection beyond the backlog waits a second (a SYN resend).
+_BACKLOG = 1024
 
 
 class StartupError(LoaderError):
@@ -101,7 +107,7 @@ class Server:
     async def serve(self) -> int:
         """Run until a signal (or ``request_exit``); returns the exit status."""
         self._main = asyncio.current_task()
-        with self._capture_signals():
+        with self._capture_signals(), _redacted_handlers():
             try:
                 return await self._serve()
             except (StartupError, ConfigError) as exc:
@@ -115,35 +121,45 @@ class Server:
     async def _serve(self) -> int:
         from aiohttp import web
 
+        from ..config import HttpOptions
+        from .allow import AllowList
         from .app import DaemonState, RequestError, check_url, make_app
         from .downloads import Downloads
         from .metrics import Metrics
-        from .state import Registry
+        from .state import Registry, display_url
+        from .watch import CacheWatch
 
         config = self.config
+        allow = AllowList(config.allow_prefixes)
         for url in config.models:
             try:
-                check_url(url, config.allow_prefixes)
+                check_url(url, allow)
             except RequestError as exc:
-                raise StartupError(f"preload model {url!r}: {exc.detail}") from None
+                raise StartupError(f"preload model {display_url(url)!r}: {exc.detail}") from None
         await asyncio.to_thread(_check_writable, config.cache_dir)
         cache = _open_cache(config)
         metrics = Metrics(getattr(cache, "statistics", None))
         registry = Registry()
-        async with Downloads(
-            cache,
-            registry,
-            metrics,
-            concurrency=config.concurrency,
-            max_downloads=config.max_downloads,
-        ) as downloads:
+        async with (
+            CacheWatch(cache, registry, metrics) as watch,
+            Downloads(
+                cache,
+                registry,
+                metrics,
+                concurrency=config.concurrency,
+                max_downloads=config.max_downloads,
+                http=HttpOptions(url_policy=allow if allow else None),
+                after_fetch=watch.refresh,
+            ) as downloads,
+        ):
             state = DaemonState(
                 cache=cache,
                 registry=registry,
                 downloads=downloads,
                 metrics=metrics,
+                watch=watch,
                 token=config.token,
-                allow_prefixes=config.allow_prefixes,
+                allow=allow,
             )
             runner = web.AppRunner(
                 make_app(state),
@@ -153,7 +169,7 @@ class Server:
             )
             await runner.setup()
             try:
-                site = web.TCPSite(runner, config.host, config.port)
+                site = web.TCPSite(runner, config.host, config.port, backlog=_BACKLOG)
                 try:
                     await site.start()
                 except OSError as exc:
@@ -176,6 +192,20 @@ class Server:
                 logger.warning("downloads still stopping after the grace period: %s", left)
         logger.info("stopped")
         return 0
+
+
+@contextlib.contextmanager
+def _redacted_handlers() -> Iterator[None]:
+    """The redacting filter on the root logger's handlers while the daemon serves."""
+    handlers = list(logging.getLogger().handlers)
+    log_filter = RedactingFilter()
+    for handler in handlers:
+        handler.addFilter(log_filter)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(log_filter)
 
 
 def _open_cache(config: DaemonConfig) -> Any:

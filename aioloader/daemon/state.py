@@ -14,7 +14,9 @@ import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from ..redact import redact
 
 __all__ = ["ModelRecord", "Registry", "Status", "display_url", "model_id_for"]
 
@@ -27,15 +29,8 @@ _MODEL_FILES = (".safetensors.index.json", ".safetensors")
 
 
 def display_url(url: str) -> str:
-    """``url`` without user info or query string: presigned URLs carry credentials there."""
-    parts = urlsplit(url)
-    if not parts.netloc:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    query = "..." if parts.query else ""
-    return urlunsplit((parts.scheme, host, parts.path, query, ""))
+    """``url`` as the daemon shows it: user info and query values redacted (see redact.py)."""
+    return redact(url)
 
 
 def model_id_for(url: str) -> str:
@@ -116,7 +111,8 @@ class ModelRecord:
 
     def fail(self, error: BaseException) -> None:
         self.status = "failed"
-        self.error = str(error) or type(error).__name__
+        # LoaderErrors are redacted already; a foreign one (aiohttp, OSError) may not be.
+        self.error = redact(str(error)) or type(error).__name__
         self.error_kind = type(error).__name__
         self.finished = time.time()
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-__all__ = ["Blob", "Source"]
+__all__ = ["Blob", "Source", "aclose_all"]
 
 
 class Blob(ABC):
@@ -58,3 +58,19 @@ class Source(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         """Release pools and threads; idempotent."""
+
+
+async def aclose_all(blobs: Iterable[Blob]) -> None:
+    """Close every blob, even when closing one fails or is cancelled; re-raise the first.
+
+    A loop of plain ``await blob.aclose()`` stops at the first cancellation and
+    leaves the rest open, with their locks and files.
+    """
+    first: BaseException | None = None
+    for blob in blobs:
+        try:
+            await blob.aclose()
+        except BaseException as exc:
+            first = first or exc
+    if first is not None:
+        raise first

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..throttle import AdaptiveLimiter
 from .base import Blob, Source
-from .wire import Answer, RangeClient, WireError
+from .wire import Answer, Pace, RangeClient, WireError
 
 __all__ = ["HttpBlob", "HttpSource"]
 
@@ -58,12 +58,13 @@ class _Retryable(Exception):
 
     def __init__(
         self, reason: str, *, throttled: bool = False, retry_after: float | None = None,
-        timeout: bool = False,
+        timeout: bool = False, slow: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(reason)
         self.throttled = throttled
         self.retry_after = retry_after
         self.timeout = timeout
+        self.slow = slow  # too slow to count as progress, whatever arrived
 
 
 class _Filler:
@@ -133,6 +134,21 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def _check_encoding(url: str, headers: Any) -> None:
+    """Refuse a body that is not the stored bytes themselves.
+
+    Every request asks for ``Accept-Encoding: identity``; a server (or proxy) that
+    compresses anyway would have its gzip bytes land in the tensor, so the answer
+    is dropped, before any byte of it is kept, and the range tried again.
+    """
+    encoding = (headers.get("Content-Encoding") or "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise _Retryable(
+            f"the server answered with Content-Encoding: {encoding} although only identity "
+            f"was accepted, so the body is not {url}'s bytes; nothing of it was kept"
+        )
+
+
 def _strong_etag(value: str | None) -> str | None:
     # If-Match compares strongly: a weak validator can never match.
     if value and not value.startswith("W/"):
@@ -195,14 +211,22 @@ class HttpBlob(Blob):
         if end <= len(self._head):
             filler.write(self._head[offset:end])
             return
+
+        def progress() -> int:
+            return filler.written
+
         if self._ranged:
             await self._source._retrying(
-                self.url, offset, end, lambda: self._source._fetch_range(self, offset, filler)
+                self.url,
+                offset,
+                end,
+                lambda: self._source._fetch_range(self, offset, filler),
+                progress,
             )
         else:
             async with self._stream_lock:
                 await self._source._retrying(
-                    self.url, offset, end, lambda: self._read_sequential(offset, filler)
+                    self.url, offset, end, lambda: self._read_sequential(offset, filler), progress
                 )
 
     async def _read_sequential(self, offset: int, filler: _Filler) -> None:
@@ -213,17 +237,20 @@ class HttpBlob(Blob):
                 self._stream = await self._source._open_stream(self)
                 self._stream_pos = 0
             content = self._stream.content
+            pace = self._source._pace(self._stream_pos)
             while self._stream_pos < position:
                 skipped = await content.read(min(position - self._stream_pos, 1 << 20))
                 if not skipped:
                     raise _Retryable(f"stream ended at byte {self._stream_pos}")
                 self._stream_pos += len(skipped)
+                _keep_pace(pace, self._stream_pos)
             while filler.remaining:
                 chunk = await content.read(min(filler.remaining, 1 << 20))
                 if not chunk:
                     raise _Retryable(f"stream ended at byte {self._stream_pos}")
                 filler.write(chunk)
                 self._stream_pos += len(chunk)
+                _keep_pace(pace, self._stream_pos)
         except _Retryable:
             await self._close_stream()
             raise
@@ -253,6 +280,12 @@ class _WireResponse:
 
     async def read(self, n: int = -1) -> bytes:
         return self._body if n < 0 else self._body[:n]
+
+
+def _keep_pace(pace: Pace, done: int) -> None:
+    slow = pace.too_slow(done)
+    if slow is not None:
+        raise _Retryable(slow, timeout=True, slow=True)
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -350,6 +383,9 @@ class HttpSource(Source):
     async def _request(self, blob_url: str, fetch_url: str, headers: dict[str, str]) -> Any:
         session = await self._client()
         headers = {"Accept-Encoding": "identity", **headers}
+        policy = self._options.url_policy
+        if policy is not None:
+            policy(blob_url)
         url = fetch_url
         # Redirects are followed here, not by aiohttp: it forwards every header but
         # Authorization to the next host, and the configured headers (API keys and
@@ -366,20 +402,66 @@ class HttpSource(Source):
                 return response
             response.release()
             url = urljoin(str(response.url), location)
+            scheme = urlparse(url).scheme
+            if scheme not in ("http", "https"):
+                raise SourceError(
+                    f"{blob_url}: the server redirected to {url}, a {scheme or 'relative'}: URL; "
+                    "only http:// and https:// redirects are followed: use the final URL"
+                )
+            if policy is not None:
+                policy(url)
         raise SourceError(
             f"{blob_url}: more than {_MAX_REDIRECTS} redirects (last to {url}); use the final URL"
         )
 
     # -- retries ---------------------------------------------------------------------
 
+    def _pace(self, done: int = 0) -> Pace:
+        return Pace(self._options.min_speed, self._options.speed_window, done)
+
     async def _retrying(
-        self, url: str, start: int, end: int, attempt_once: Callable[[], Any]
+        self,
+        url: str,
+        start: int,
+        end: int,
+        attempt_once: Callable[[], Any],
+        progress: Callable[[], int] | None = None,
     ) -> Any:
-        """Run ``attempt_once`` until it succeeds or attempts run out."""
+        """Run ``attempt_once`` until it succeeds or attempts run out.
+
+        Only attempts that make no progress use up ``max_attempts``: a link that
+        drops every connection but delivers bytes each time (``progress`` grows)
+        still finishes. An attempt that ended in a stall or was dropped for being too
+        slow counts, however many bytes it brought, so a trickle cannot retry forever.
+        """
+        options = self._options
+        try:
+            async with asyncio.timeout(options.deadline):
+                return await self._attempts(url, start, end, attempt_once, progress)
+        except TimeoutError as exc:
+            if isinstance(exc, ReadTimeoutError):
+                raise
+            raise ReadTimeoutError(
+                f"{url} bytes [{start}, {end}) did not arrive within the deadline of "
+                f"{options.deadline:g} s (HttpOptions.deadline); raise it, or check the "
+                "server's speed",
+                url=url, start=start, end=end,
+            ) from None  # fmt: skip
+
+    async def _attempts(
+        self,
+        url: str,
+        start: int,
+        end: int,
+        attempt_once: Callable[[], Any],
+        progress: Callable[[], int] | None,
+    ) -> Any:
         options = self._options
         failures: list[str] = []
+        wasted = 0  # attempts that brought nothing
         timed_out = False
-        for attempt in range(options.max_attempts):
+        while True:
+            before = progress() if progress is not None else 0
             ticket = await self._limiter.acquire()
             try:
                 result = await attempt_once()
@@ -392,27 +474,31 @@ class HttpSource(Source):
                     pause = min(exc.retry_after or options.backoff, options.backoff_max)
                     self._limiter.on_throttle(pause, ticket)
                 retry_after = exc.retry_after
+                # A stall or a trickle is no progress, whatever bytes came before it.
+                moved = progress is not None and progress() > before and not exc.timeout
             else:
                 self._limiter.on_success()
                 return result
             finally:
                 self._limiter.release()
-            if attempt + 1 == options.max_attempts:
-                break
-            ceiling = min(options.backoff_max, options.backoff * (2**attempt))
-            delay = random.uniform(ceiling / 2, ceiling)
+            if not moved:
+                wasted += 1
+                if wasted == options.max_attempts:
+                    break
+            ceiling = min(options.backoff_max, options.backoff * (2 ** max(0, wasted - 1)))
+            delay = random.uniform(ceiling / 2, ceiling) if not moved else 0.0
             if retry_after is not None:
                 delay = max(delay, min(retry_after, options.backoff_max))
             logger.info(
-                "retrying %s bytes [%d, %d) in %.2f s (attempt %d of %d): %s",
-                url, start, end, delay, attempt + 2, options.max_attempts, failures[-1],
+                "retrying %s bytes [%d, %d) in %.2f s (%d of %d attempts without progress): %s",
+                url, start, end, delay, wasted, options.max_attempts, failures[-1],
             )  # fmt: skip
             await asyncio.sleep(delay)
         error = ReadTimeoutError if timed_out else ReadError
         raise error(
-            f"{url} bytes [{start}, {end}) failed after {len(failures)} attempts "
-            f"(last: {failures[-1]}); check that the server is reachable and healthy, or raise "
-            "HttpOptions.max_attempts / stall_timeout",
+            f"{url} bytes [{start}, {end}) failed after {len(failures)} attempts, "
+            f"{wasted} of them without progress (last: {failures[-1]}); check that the server "
+            "is reachable and healthy, or raise HttpOptions.max_attempts / stall_timeout",
             url=url, start=start, end=end,
         )  # fmt: skip
 
@@ -472,6 +558,7 @@ class HttpSource(Source):
                 if response.status == 416:
                     return HttpBlob(self, url, fetch_url, 0, None, None, b"", True)
                 await self._check_status(url, response, None)
+                _check_encoding(url, response.headers)
                 size, ranged = self._size_of(url, response)
                 expected = min(size, PROBE_SIZE)
                 head = await response.content.read(expected) if expected else b""
@@ -524,7 +611,9 @@ class HttpSource(Source):
             response = await self._request(blob.url, blob.fetch_url, headers)
             async with response:
                 await self._check_status(blob.url, response, blob.etag)
+                _check_encoding(blob.url, response.headers)
                 self._check_same_version(blob, response, start)
+                pace = self._pace(filler.written)
                 while filler.remaining:
                     chunk = await response.content.readany()
                     if not chunk:
@@ -532,6 +621,7 @@ class HttpSource(Source):
                             f"body ended after {filler.written} of {filler.total} bytes"
                         )
                     filler.write(chunk)
+                    _keep_pace(pace, filler.written)
         except self._transport_errors() as exc:
             raise _Retryable(str(exc) or type(exc).__name__, timeout=_is_timeout(exc)) from exc
 
@@ -547,8 +637,13 @@ class HttpSource(Source):
         if url is None:
             return False
         if self._wire is None:
+            options = self._options
             self._wire = RangeClient(
-                self._ssl_context(), self._options.connect_timeout, self._options.stall_timeout
+                self._ssl_context(),
+                options.connect_timeout,
+                options.stall_timeout,
+                options.min_speed,
+                options.speed_window,
             )
         prepared = await self._prepare(
             blob.url, blob.fetch_url, {"Accept-Encoding": "identity", **headers}
@@ -557,7 +652,9 @@ class HttpSource(Source):
         def accept(answer: Answer) -> bool:
             if answer.status != 206:
                 return False
-            self._check_same_version(blob, _WireResponse(answer), start)
+            response = _WireResponse(answer)
+            _check_encoding(blob.url, response.headers)
+            self._check_same_version(blob, response, start)
             return True
 
         try:
@@ -565,7 +662,7 @@ class HttpSource(Source):
                 url, prepared, filler.remaining, filler.current, filler.advance, accept
             )
         except WireError as exc:
-            raise _Retryable(str(exc), timeout=exc.timeout) from exc
+            raise _Retryable(str(exc), timeout=exc.timeout, slow=exc.slow) from exc
         if refused is None:
             return True
         if refused.status in _REDIRECT_STATUSES:
@@ -613,6 +710,7 @@ class HttpSource(Source):
         response = await self._request(blob.url, blob.fetch_url, blob.pin_headers())
         try:
             await self._check_status(blob.url, response, blob.etag)
+            _check_encoding(blob.url, response.headers)
             etag = _strong_etag(response.headers.get("ETag"))
             if blob.etag and etag and etag != blob.etag:
                 raise ObjectChangedError(

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-__all__ = ["Answer", "RangeClient", "WireError"]
+__all__ = ["Answer", "Pace", "RangeClient", "WireError"]
 
 _HEAD_LIMIT = 64 * 1024
 T = TypeVar("T")
@@ -28,9 +29,44 @@ T = TypeVar("T")
 class WireError(Exception):
     """The connection failed or the peer broke the protocol; the request may be retried."""
 
-    def __init__(self, reason: str, *, timeout: bool = False) -> None:
+    def __init__(self, reason: str, *, timeout: bool = False, slow: bool = False) -> None:
         super().__init__(reason)
         self.timeout = timeout
+        self.slow = slow
+
+
+class Pace:
+    """Fails a transfer that averages under ``min_speed`` bytes a second over a window.
+
+    A stall timeout only catches silence; an upstream that trickles a byte now and
+    then would hold a request (and the slot it occupies) forever.
+
+    Args:
+        min_speed: bytes per second; ``0`` never fails.
+        window: seconds each average is taken over.
+        done: the transfer's byte count when it starts.
+    """
+
+    def __init__(self, min_speed: int, window: float, done: int = 0) -> None:
+        self._min_speed = min_speed
+        self._window = window
+        self._since = time.monotonic()
+        self._mark = done
+
+    def too_slow(self, done: int) -> str | None:
+        """Given the running byte count: why the transfer is too slow, once a window closes."""
+        now = time.monotonic()
+        elapsed = now - self._since
+        if not self._min_speed or elapsed < self._window:
+            return None
+        got = done - self._mark
+        if got < self._min_speed * elapsed:
+            return (
+                f"{got} bytes in {elapsed:.1f} s, under the minimum of {self._min_speed} bytes/s "
+                "(HttpOptions.min_speed)"
+            )
+        self._since, self._mark = now, done
+        return None
 
 
 @dataclass
@@ -197,11 +233,20 @@ class RangeClient:
     """
 
     def __init__(
-        self, ssl_context: ssl.SSLContext | None, connect_timeout: float, stall_timeout: float
+        self,
+        ssl_context: ssl.SSLContext | None,
+        connect_timeout: float,
+        stall_timeout: float,
+        min_speed: int = 0,
+        speed_window: float = 30.0,
     ) -> None:
         self._ssl = ssl_context
         self._connect_timeout = connect_timeout
         self._stall_timeout = stall_timeout
+        self._min_speed = min_speed
+        self._speed_window = speed_window
+        # How often a waiting transfer looks at its progress.
+        self._tick = max(0.01, min(stall_timeout, speed_window) / 4)
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._closed = False
 
@@ -267,7 +312,8 @@ class RangeClient:
             if not accept(answer) or int(answer.headers.get("content-length", -1)) != length:
                 await self._read_short_body(connection, answer)
                 return answer
-            await self._stalling(connection, connection.receive_body(length, sink, advance))
+            pace = Pace(self._min_speed, self._speed_window, connection.progress)
+            await self._stalling(connection, connection.receive_body(length, sink, advance), pace)
             ok = True
             return None
         finally:
@@ -297,19 +343,31 @@ class RangeClient:
             return
         answer.body = bytes(body)
 
-    async def _stalling(self, connection: _Connection, future: asyncio.Future[T]) -> T:
-        """Wait for ``future``, failing only when no byte arrives for ``stall_timeout``."""
+    async def _stalling(
+        self, connection: _Connection, future: asyncio.Future[T], pace: Pace | None = None
+    ) -> T:
+        """Wait for ``future``, failing when no byte arrives for ``stall_timeout``, or
+        when ``pace`` finds the bytes arriving too slowly."""
+        seen = connection.progress
+        last_byte = time.monotonic()
         while True:
-            seen = connection.progress
-            done, _ = await asyncio.wait([future], timeout=self._stall_timeout)
+            done, _ = await asyncio.wait([future], timeout=self._tick)
             if done:
                 return future.result()
-            if connection.progress == seen:
+            now = time.monotonic()
+            if connection.progress != seen:
+                seen, last_byte = connection.progress, now
+            elif now - last_byte >= self._stall_timeout:
                 connection.reusable = False
                 future.cancel()
                 raise WireError(
                     f"no data for {self._stall_timeout:g} s (stall timeout)", timeout=True
                 )
+            slow = pace.too_slow(connection.progress) if pace is not None else None
+            if slow is not None:
+                connection.reusable = False
+                future.cancel()
+                raise WireError(slow, timeout=True, slow=True)
 
     def close(self) -> None:
         self._closed = True

@@ -1,0 +1,73 @@
+"""Checking an entry's bytes against the checksum recorded when they were written.
+
+``check_entry`` is the sync core (it reads the whole file: run it in a thread);
+``ModelCache.verify`` drives it under the entry's locks and removes what is corrupt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from .._threads import finish_before_cancel
+from .checksum import hash_file
+from .entry import EntryFiles, read_meta, regular_size
+from .info import VerifyResult
+
+__all__ = ["check_entry", "run_stoppable"]
+
+T = TypeVar("T")
+
+
+def check_entry(files: EntryFiles, url: str, stop: threading.Event | None = None) -> VerifyResult:
+    """Hash the entry's data again and compare (sync; reads the whole file).
+
+    Raises:
+        Stopped: ``stop`` was set.
+    """
+    meta = read_meta(files)
+    if meta is None or meta.url != url:
+        return VerifyResult(url, "missing", f"{url} is not in the cache")
+    if not meta.complete:
+        return VerifyResult(url, "partial", f"{url}: a partial download, nothing to check yet")
+    if meta.checksum is None:
+        return VerifyResult(
+            url, "unchecked",
+            f"{url}: no checksum was recorded when it was written (by an older aioloader); "
+            "remove it and fetch it again to have one",
+        )  # fmt: skip
+    size = regular_size(files.data)
+    if size != meta.size:
+        found = "missing" if size is None else f"{size} bytes"
+        return VerifyResult(
+            url, "corrupt", f"{url}: {files.data} is {found}, not the {meta.size} bytes written"
+        )
+    actual = hash_file(files.data, stop)
+    if actual != meta.checksum:
+        return VerifyResult(
+            url, "corrupt",
+            f"{url}: {files.data} hashes to {actual}, not {meta.checksum} as when it was "
+            "written: its bytes changed on disk (check the disk)",
+        )  # fmt: skip
+    return VerifyResult(url, "ok", f"{url}: {meta.size} bytes match {meta.checksum}")
+
+
+async def run_stoppable(fn: Callable[[threading.Event], T]) -> T:
+    """Run ``fn(stop)`` in a thread; when cancelled, set ``stop`` and wait for it to end.
+
+    For long reads (hashing a file): the thread notices ``stop`` between blocks, so
+    a cancelled caller neither waits for the whole file nor leaves a thread reading.
+    """
+    stop = threading.Event()
+    future = asyncio.get_running_loop().run_in_executor(None, fn, stop)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        stop.set()
+        # Stopped, most likely: the caller's cancellation is what counts.
+        with contextlib.suppress(Exception):
+            await finish_before_cancel(future)
+        raise
