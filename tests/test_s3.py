@@ -428,3 +428,29 @@ async def test_awkward_keys_signed_and_paged(
         backend.put_object(bucket, f"my models/ä+b/log {i:04d}.txt", b"x")
     got = await load_model(f"s3://{bucket}/my models/ä+b/")
     assert_matches_files(got, a, b)
+
+
+@pytest.mark.parametrize("algorithm", ["SHA256", "CRC32", "SHA1"])
+async def test_fetch_checks_the_checksum_s3_publishes(
+    s3_env: MotoS3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture, algorithm: str
+) -> None:
+    """An object uploaded with a checksum: the cache's download is checked against it."""
+    from aioloader import ModelCache
+
+    bucket = new_bucket()
+    path = write_file(tmp_path / "model.safetensors", big_tensors())
+    client = s3_env.client()
+    client.create_bucket(Bucket=bucket)
+    client.put_object(
+        Bucket=bucket, Key="m/model.safetensors", Body=path.read_bytes(),
+        ChecksumAlgorithm=algorithm,
+    )  # fmt: skip
+    url = f"s3://{bucket}/m/model.safetensors"
+    caplog.set_level("INFO", logger="aioloader")
+    model = await ModelCache(tmp_path / "cache").fetch(url)
+    assert isinstance(model.path, str)
+    assert_matches_files(await load_model(model.path), path)
+    assert (
+        f"matches the {algorithm.lower()} of the server's x-amz-checksum-{algorithm.lower()}"
+        in (caplog.text)
+    )

@@ -2,8 +2,10 @@
 
 Every entry records the xxh3-128 of its bytes in ``meta.json`` when it completes;
 ``ModelCache.verify`` hashes the file again and compares. Where the server
-publishes an MD5 of the object as its ETag (a single-part S3 upload: 32 hex
-digits), a fetch also checks the download against it.
+publishes a digest of the whole object (an ETag that is an MD5, as S3 sends for a
+single-part upload: 32 hex digits; or S3's ``x-amz-checksum-sha256``, ``-sha1`` or
+``-crc32`` of an object uploaded with a checksum), a fetch also checks the download
+against it.
 
 Hashing follows the download instead of re-reading the file at the end: each
 write may extend the prefix of the file that is present, and the thread that
@@ -16,37 +18,87 @@ Measured on one core (AMD EPYC, page cache): xxh3-128 about 11 GiB/s, so
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import re
 import threading
+import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import xxhash
 
-__all__ = ["ALGORITHM", "DigestMismatch", "PrefixHash", "Stopped", "hash_file", "md5_of_etag"]
+__all__ = [
+    "ALGORITHM", "DigestMismatch", "PrefixHash", "Published", "Stopped", "hash_file",
+    "md5_of_etag",
+]  # fmt: skip
 
 ALGORITHM = "xxh3-128"
 _BLOCK = 1 << 20  # short enough that a hashing thread holds the GIL only briefly
 _MD5_ETAG = re.compile(r'"?([0-9a-fA-F]{32})"?')
 
 
+@dataclass(frozen=True)
+class Published:
+    """A digest of the whole object, as the server published it.
+
+    Attributes:
+        algorithm: ``"md5"`` (hex, from an ETag), ``"sha256"``, ``"sha1"`` or ``"crc32"``
+            (base64 of the digest, from S3's ``x-amz-checksum-*``).
+        value: the digest as published.
+        where: where it was published, for messages (``"ETag"``, a header name).
+    """
+
+    algorithm: str
+    value: str
+    where: str
+
+    def new(self) -> _Running:
+        return _Running(self.algorithm)
+
+    def matches(self, running: _Running) -> bool:
+        return running.published_form() == self.value
+
+
+class _Running:
+    """One running digest in the form the server publishes it."""
+
+    def __init__(self, algorithm: str) -> None:
+        self.algorithm = algorithm
+        self._crc = 0
+        self._hash: Any = None if algorithm == "crc32" else hashlib.new(algorithm)
+
+    def update(self, data: memoryview) -> None:
+        if self._hash is None:
+            self._crc = zlib.crc32(data, self._crc)
+        else:
+            self._hash.update(data)
+
+    def published_form(self) -> str:
+        if self.algorithm == "md5":
+            return str(self._hash.hexdigest())
+        raw = self._crc.to_bytes(4, "big") if self._hash is None else self._hash.digest()
+        return base64.b64encode(raw).decode()
+
+
 class DigestMismatch(Exception):
     """The bytes written do not hash to what the server published."""
 
-    def __init__(self, published: str, actual: str) -> None:
-        super().__init__(f"MD5 {actual}, published {published}")
+    def __init__(self, published: Published, actual: str) -> None:
+        super().__init__(f"{published.algorithm} {actual}, published {published.value}")
         self.published = published
         self.actual = actual
 
 
-def md5_of_etag(etag: str | None) -> str | None:
+def md5_of_etag(etag: str | None) -> Published | None:
     """The MD5 an ETag publishes: 32 hex digits, as S3 sends for a single-part upload.
 
     Multipart ETags (``"<hex>-<parts>"``) and every other form publish none.
     """
     match = _MD5_ETAG.fullmatch(etag) if etag else None
-    return match.group(1).lower() if match else None
+    return Published("md5", match.group(1).lower(), "ETag") if match else None
 
 
 class Stopped(Exception):
@@ -60,12 +112,13 @@ class PrefixHash:
     the others return at once, leaving the rest to it or to the next call.
 
     Args:
-        md5: also compute the MD5 (slow: see the module docstring).
+        published: also compute the digest the server published (MD5 and SHA are
+            slow: see the module docstring).
     """
 
-    def __init__(self, *, md5: bool = False) -> None:
+    def __init__(self, *, published: Published | None = None) -> None:
         self._xxh = xxhash.xxh3_128()
-        self._md5 = hashlib.md5() if md5 else None
+        self._published = published.new() if published is not None else None
         self.position = 0
         self._lock = threading.Lock()
         self._buffer: memoryview | None = None  # used under _lock
@@ -100,8 +153,8 @@ class PrefixHash:
                 if n == 0:
                     raise EOFError(f"file ended at byte {self.position} of {end}")
                 self._xxh.update(buffer[:n])
-                if self._md5 is not None:
-                    self._md5.update(buffer[:n])
+                if self._published is not None:
+                    self._published.update(buffer[:n])
                 self.position += n
         finally:
             self._lock.release()
@@ -110,8 +163,9 @@ class PrefixHash:
         """``xxh3-128:<hex>`` of the bytes hashed so far."""
         return f"{ALGORITHM}:{self._xxh.hexdigest()}"
 
-    def md5(self) -> str | None:
-        return self._md5.hexdigest() if self._md5 is not None else None
+    def published_form(self) -> str | None:
+        """The second digest, in the form the server published its own."""
+        return self._published.published_form() if self._published is not None else None
 
 
 def hash_file(path: str | os.PathLike[str], stop: threading.Event | None = None) -> str:

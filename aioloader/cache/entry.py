@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..errors import CacheError
-from .checksum import DigestMismatch, PrefixHash
+from .checksum import DigestMismatch, PrefixHash, Published
 from .paths import check_dirs, make_dirs, open_file
 from .ranges import RangeSet
 
@@ -312,15 +312,15 @@ class PartialFile:
         done: RangeSet,
         fd: int,
         journal: int,
-        published_md5: str | None = None,
+        published: Published | None = None,
     ) -> None:
         self.files = files
         self.meta = meta
         self.done = done
         self._fd: int | None = fd
         self._journal = journal
-        self._published_md5 = published_md5
-        self._digest = PrefixHash(md5=published_md5 is not None)
+        self._published = published
+        self._digest = PrefixHash(published=published)
         # Threads write different ranges at once; the range set is shared.
         self._lock = threading.Lock()
 
@@ -330,12 +330,12 @@ class PartialFile:
 
     @classmethod
     def open(
-        cls, files: EntryFiles, url: str, version: Version, *, published_md5: str | None = None
+        cls, files: EntryFiles, url: str, version: Version, *, published: Published | None = None
     ) -> PartialFile:
         """Resume the partial download of ``version``, or start one from nothing.
 
         Args:
-            published_md5: the MD5 the server published for the file; ``complete``
+            published: a digest the server published for the file; ``complete``
                 refuses bytes that do not match it.
 
         Raises:
@@ -371,7 +371,7 @@ class PartialFile:
             if not resumable:
                 files.discard()  # nothing half made stays behind
             raise
-        return cls(files, meta, done, fd, journal, published_md5)
+        return cls(files, meta, done, fd, journal, published)
 
     def _require(self) -> int:
         if self._fd is None:
@@ -423,7 +423,7 @@ class PartialFile:
         """Make the entry complete: hash the rest, fsync, rename to ``data``, mark it.
 
         Raises:
-            DigestMismatch: the bytes do not match the MD5 the server published; the
+            DigestMismatch: the bytes do not match the digest the server published; the
                 entry is left as it was (the caller discards it).
             OSError: as the file system reports.
         """
@@ -431,9 +431,9 @@ class PartialFile:
         if not self.finished:
             raise ValueError(f"{self.files.partial} is not complete yet")
         self._digest.advance(fd, lambda: self.size, wait=True)
-        md5 = self._digest.md5()
-        if self._published_md5 is not None and md5 != self._published_md5:
-            raise DigestMismatch(self._published_md5, md5 or "")
+        actual = self._digest.published_form()
+        if self._published is not None and actual != self._published.value:
+            raise DigestMismatch(self._published, actual or "")
         os.fsync(fd)
         os.replace(self.files.partial, self.files.data)
         _fsync_dir(self.files.dir)

@@ -20,7 +20,7 @@ from ..config import HttpOptions, Limits, S3Options
 from ..errors import CacheError
 from ..pipeline import _gather
 from ..sources.base import Blob, Source, aclose_all
-from .checksum import DigestMismatch, md5_of_etag
+from .checksum import DigestMismatch, Published, md5_of_etag
 from .entry import EntryFiles, PartialFile, Version, cache_error
 from .locks import acquire
 from .ranges import split
@@ -158,9 +158,9 @@ class _Fetcher:
                 self.meter.add(version.size)
                 return 0
             await cache._make_room(files, version.size, self.exclude)
-            published = md5_of_etag(version.etag) if cache.check_etag else None
+            published = await self._published(url, version)
             partial: PartialFile = await self._blocking(
-                lambda: PartialFile.open(files, url, version, published_md5=published),
+                lambda: PartialFile.open(files, url, version, published=published),
                 url, "preparing", on_abandon=PartialFile.close,
             )  # fmt: skip
             try:
@@ -168,7 +168,7 @@ class _Fetcher:
                 missing = split(partial.done.missing(version.size), self.piece)
                 downloaded = sum(end - start for start, end in missing)
                 await _gather(self._copy(blob, partial, s, e) for s, e in missing)
-                await self._complete(partial, url, version)
+                await self._complete(partial, url, version, published)
             finally:
                 partial.close()
         finally:
@@ -176,17 +176,39 @@ class _Fetcher:
         cache._count(hit=False, downloaded=downloaded)
         return downloaded
 
-    async def _complete(self, partial: PartialFile, url: str, version: Version) -> None:
+    async def _published(self, url: str, version: Version) -> Published | None:
+        """The digest of the whole object the server publishes, if any: S3's checksum of
+        an object uploaded with one, else an ETag that is an MD5."""
+        checksums = await self.source.object_checksums(url)
+        for algorithm in ("sha256", "sha1", "crc32"):
+            header = f"x-amz-checksum-{algorithm}"
+            if header in checksums:
+                return Published(algorithm, checksums[header], header)
+        return md5_of_etag(version.etag) if self.cache.check_etag else None
+
+    async def _complete(
+        self, partial: PartialFile, url: str, version: Version, published: Published | None
+    ) -> None:
         try:
             await self._blocking(partial.complete, url, "completing")
+            if published is not None:
+                logger.info(
+                    "%s: the download matches the %s of the server's %s",
+                    url, published.algorithm, published.where,
+                )  # fmt: skip
         except DigestMismatch as exc:
             await self._blocking(partial.files.discard, url, "discarding")
+            published = exc.published
+            hint = (
+                " Or the ETag is not an MD5 of the bytes (S3 objects encrypted with SSE-KMS "
+                "or SSE-C): fetch those with ModelCache(..., check_etag=False)."
+                if published.where == "ETag"
+                else ""
+            )
             raise CacheError(
-                f"{url}: the downloaded bytes have MD5 {exc.actual}, but the server's ETag "
-                f"{version.etag} publishes {exc.published}; the download was discarded. "
-                "Either the bytes were corrupted on the way (fetch again), or the ETag is "
-                "not an MD5 of the bytes (S3 objects encrypted with SSE-KMS or SSE-C): "
-                "fetch those with ModelCache(..., check_etag=False)"
+                f"{url}: the downloaded bytes have {published.algorithm} {exc.actual}, but the "
+                f"server publishes {published.value} ({published.where}); the download was "
+                f"discarded. The bytes were corrupted on the way: fetch again.{hint}"
             ) from None
 
     async def _touch(self, files: EntryFiles, version: Version) -> bool:

@@ -47,6 +47,11 @@ class Source(ABC):
     async def open(self, url: str) -> Blob:
         """Open the file at ``url`` for range reads."""
 
+    async def object_checksums(self, url: str) -> dict[str, str]:
+        """Digests of the whole object the storage publishes (header name -> value),
+        e.g. S3's ``x-amz-checksum-sha256``; empty where it publishes none."""
+        return {}
+
     @abstractmethod
     def join(self, base: str, name: str) -> str:
         """The URL of ``name`` inside the folder ``base``."""

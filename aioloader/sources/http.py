@@ -323,7 +323,7 @@ class HttpSource(Source):
         return None
 
     async def _prepare(
-        self, blob_url: str, fetch_url: str, headers: dict[str, str]
+        self, blob_url: str, fetch_url: str, headers: dict[str, str], method: str = "GET"
     ) -> dict[str, str]:
         """Headers for one request; the base adds the configured extra headers."""
         # Same scheme too: a redirect from https to http must not carry a token in clear.

@@ -193,7 +193,7 @@ class S3Source(HttpSource):
         return self._frozen
 
     async def _prepare(
-        self, blob_url: str, fetch_url: str, headers: dict[str, str]
+        self, blob_url: str, fetch_url: str, headers: dict[str, str], method: str = "GET"
     ) -> dict[str, str]:
         await self._setup()
         frozen = await self._credentials()
@@ -202,9 +202,40 @@ class S3Source(HttpSource):
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
 
-        request = AWSRequest(method="GET", url=fetch_url, headers=headers)
+        request = AWSRequest(method=method, url=fetch_url, headers=headers)
         S3SigV4Auth(frozen, "s3", self._region).add_auth(request)
         return dict(request.headers.items())
+
+    async def object_checksums(self, url: str) -> dict[str, str]:
+        """The ``x-amz-checksum-*`` of an object uploaded with one (a HEAD in checksum
+        mode: ranged GETs never carry it). Composite checksums of multipart uploads
+        (``<digest>-<parts>``) are not digests of the bytes and are left out."""
+        await self._setup()
+        fetch_url = self._fetch_url(url)
+        headers: dict[str, str] = await self._retrying(
+            url, 0, 0, partial(self._head_checksums, url, fetch_url)
+        )
+        return headers
+
+    async def _head_checksums(self, url: str, fetch_url: str) -> dict[str, str]:
+        session = await self._client()
+        headers = await self._prepare(url, fetch_url, {"x-amz-checksum-mode": "ENABLED"}, "HEAD")
+        try:
+            async with session.head(
+                self._target(fetch_url), headers=headers, allow_redirects=False
+            ) as response:
+                await self._check_status(url, response, None)
+                return {
+                    name.lower(): value
+                    for name, value in response.headers.items()
+                    if name.lower().startswith("x-amz-checksum-")
+                    and name.lower() != "x-amz-checksum-type"
+                    and "-" not in value
+                }
+        except self._transport_errors() as exc:
+            from .http import _Retryable
+
+            raise _Retryable(str(exc) or type(exc).__name__) from exc
 
     # -- errors --------------------------------------------------------------------
 
