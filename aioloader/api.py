@@ -16,13 +16,13 @@ from .config import HttpOptions, Limits, S3Options
 from .devices.auto import device_for
 from .devices.base import Device
 from .errors import ClosedError, ConfigError
-from .layout import ModelLayout, resolve_layout
-from .pipeline import Selection, _Progress, load_headers, run_load
+from .layout import ModelLayout
+from .pipeline import Progress, Selection, open_model, run_load
 from .redact import redact
 from .report import LoadReport
 from .safetensors import FileHeader
 from .sources.auto import scheme_of, source_for
-from .sources.base import Source, aclose_all
+from .sources.base import Source
 from .staging import ByteBudget
 
 __all__ = ["Loader", "ModelInfo", "StreamStatistics", "TensorStream", "inspect_model", "load_model"]
@@ -103,7 +103,7 @@ class TensorStream:
         self._selection = selection
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[LoadReport] | None = None
-        self._progress = _Progress()
+        self._progress = Progress()
         self._closed = False
         self.report: LoadReport | None = None
         self.metadata: dict[str, str] | None = None
@@ -323,28 +323,24 @@ class Loader:
         Raises:
             LoaderError: naming the file, tensor or byte range that failed.
         """
-        async with self.stream(url, tensors=tensors) as stream:
-            return {name: tensor async for name, tensor in stream}
+        got: dict[str, Any] = {}
+        await self._run(url, tensors, got.__setitem__, Progress(), None)
+        return got
 
     async def inspect(self, url: URL) -> ModelInfo:
         """Read and validate the headers of ``url`` without reading tensor data."""
         self._check_open()
-        source = self._source(url)
-        layout = await resolve_layout(source, url)
-        blobs, headers = await load_headers(source, layout, self.limits.concurrency)
-        await aclose_all(blobs)
-        return ModelInfo(url=_display(url), layout=layout, headers=tuple(headers))
+        async with await open_model(self._source(url), url, self.limits.concurrency) as model:
+            return ModelInfo(url=_display(url), layout=model.layout, headers=tuple(model.headers))
 
     async def _run(
-        self, url: URL, selection: Selection, emit: Any, progress: _Progress, meta: Any
+        self, url: URL, selection: Selection, emit: Any, progress: Progress, meta: Any
     ) -> LoadReport:
         self._check_open()
         source = self._source(url, cached=True)
-        layout = await resolve_layout(source, url)
         return await run_load(
             url=_display(url),
-            source=source,
-            layout=layout,
+            model=await open_model(source, url, self.limits.concurrency),
             device=self._device,
             limits=self.limits,
             budget=self._budget,

@@ -25,51 +25,44 @@ __all__ = ["main"]
 _DOMINANT_SHARE = 0.5
 
 
-class _ProgressBar:
-    """A one-line progress bar on a terminal; silent elsewhere."""
+def _progress_bar(out: TextIO) -> Any:
+    """tqdm's bar on a terminal, in bytes and bytes/s since the start; silent elsewhere.
 
-    def __init__(self, out: TextIO) -> None:
-        self._out = out
-        self._enabled = out.isatty()
-        self._started = time.perf_counter()
+    ``disable=None`` is tqdm's "only on a terminal"; ``smoothing=0`` shows the average
+    speed since the start rather than a moving one.
+    """
+    from tqdm import tqdm
 
-    def update(self, done: int, total: int) -> None:
-        if not self._enabled or total <= 0:
-            return
-        share = done / total
-        width = 30
-        filled = int(share * width)
-        elapsed = max(time.perf_counter() - self._started, 1e-9)
-        self._out.write(
-            f"\r[{'#' * filled}{'.' * (width - filled)}] {share:6.1%} "
-            f"{format_size(done)} / {format_size(total)} {done / elapsed / 1e9:5.2f} GB/s"
-        )
-        self._out.flush()
+    return tqdm(file=out, disable=None, unit="B", unit_scale=True, smoothing=0, mininterval=0.1)
 
-    def close(self) -> None:
-        if self._enabled:
-            self._out.write("\n")
-            self._out.flush()
+
+def _show(bar: Any, done: int, total: int) -> None:
+    if total <= 0:
+        return
+    if bar.total != total:
+        bar.total = total
+    bar.update(done - bar.n)
 
 
 async def _load(args: argparse.Namespace) -> int:
-    bar = _ProgressBar(sys.stderr)
-    async with Loader(
-        concurrency=args.concurrency, chunk_size=args.chunk_size, memory_limit=args.memory_limit
-    ) as loader:
-        selection = args.tensor or None
-        async with loader.stream(args.url, tensors=selection) as stream:
-            last = 0.0
-            async for _ in stream:
-                now = time.perf_counter()
-                if now - last > 0.1:
-                    stats = stream.statistics()
-                    bar.update(stats.bytes_done, stats.bytes_total)
-                    last = now
-            stats = stream.statistics()
-            bar.update(stats.bytes_done, stats.bytes_total)
-            bar.close()
-        report = stream.report
+    with _progress_bar(sys.stderr) as bar:
+        async with Loader(
+            concurrency=args.concurrency,
+            chunk_size=args.chunk_size,
+            memory_limit=args.memory_limit,
+        ) as loader:
+            selection = args.tensor or None
+            async with loader.stream(args.url, tensors=selection) as stream:
+                last = 0.0
+                async for _ in stream:
+                    now = time.perf_counter()
+                    if now - last > 0.1:
+                        stats = stream.statistics()
+                        _show(bar, stats.bytes_done, stats.bytes_total)
+                        last = now
+                stats = stream.statistics()
+                _show(bar, stats.bytes_done, stats.bytes_total)
+            report = stream.report
     assert report is not None
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))

@@ -1,27 +1,29 @@
-"""One load: open files, read headers, plan, then readers -> staging -> consumer.
+"""One load: open files, read headers, plan, then read every range into its destination.
 
-Everything runs under one ``asyncio.TaskGroup``: ``concurrency`` reader tasks
-take reads from the plan, wait for staging budget, fill the buffers the device
-hands them, and queue the filled read. One consumer task commits each read to
-the device, returns its budget, and hands out every tensor whose last byte has
-arrived. When anything fails or the load is cancelled, every task stops, every
-file is closed and every budget byte is returned before the error propagates.
+Everything runs under one ``asyncio.TaskGroup``: ``concurrency`` reader tasks take
+reads from the plan, stage each one with the device (budget and buffer), fill it,
+and commit it. On host memory the bytes are then in place and the reader hands out
+every tensor whose last byte has arrived; on a device with a copy engine one more
+task waits for the copies, in submission order, and hands the tensors out. When
+anything fails or the load is cancelled, every task stops, every file is closed and
+every budget byte is returned before the error propagates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .config import Limits
-from .devices.base import Device, SpanAllocation
+from .devices.base import Device, SpanAllocation, Staged
 from .errors import FormatError, HeaderError, NotFoundError, ReadError, SelectionError
-from .layout import ModelLayout
+from .layout import ModelLayout, resolve_layout
 from .plan import Read, Span, plan_reads
 from .report import LoadReport
 from .safetensors import (
@@ -32,9 +34,10 @@ from .safetensors import (
     parse_header_length,
 )
 from .sources.base import Blob, Source, aclose_all
-from .staging import ByteBudget
+from .staging import ByteBudget, Share
+from .tasks import gather
 
-__all__ = ["Selection", "load_headers", "run_load"]
+__all__ = ["OpenModel", "Progress", "Selection", "load_headers", "open_model", "run_load"]
 
 logger = logging.getLogger("aioloader")
 
@@ -88,32 +91,40 @@ async def load_headers(
             headers[i] = await _read_header(blobs[i])  # type: ignore[arg-type]
 
     try:
-        await _gather(one(i, url) for i, url in enumerate(layout.files))
+        await gather(one(i, url) for i, url in enumerate(layout.files))
     except BaseException:
         await aclose_all(b for b in blobs if b is not None)
         raise
     return [b for b in blobs if b is not None], [h for h in headers if h is not None]
 
 
-async def _gather(coros: Any) -> None:
-    """Run coroutines in a TaskGroup; raise the first real error, not a group."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            for coro in coros:
-                group.create_task(coro)
-    except BaseExceptionGroup as eg:
-        error = _first_error(eg)
-        # Keep the error's own cause; the group around it is noise.
-        raise error from error.__cause__
+@dataclass
+class OpenModel:
+    """A model whose files are open and whose headers are read and validated.
+
+    Use as ``async with await open_model(...) as model``; closing closes every file.
+    """
+
+    layout: ModelLayout
+    blobs: list[Blob]
+    headers: list[FileHeader]
+
+    async def aclose(self) -> None:
+        await aclose_all(self.blobs)
+
+    async def __aenter__(self) -> OpenModel:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
-def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            return _first_error(exc)
-        if not isinstance(exc, asyncio.CancelledError):
-            return exc
-    return group.exceptions[0]
+async def open_model(source: Source, url: str | Sequence[str], concurrency: int) -> OpenModel:
+    """Find the files of ``url`` (a file, a folder, an index or a list), open each and read
+    its header: the first step of a load, and all of an inspection."""
+    layout = await resolve_layout(source, url)
+    blobs, headers = await load_headers(source, layout, concurrency)
+    return OpenModel(layout, blobs, headers)
 
 
 def _check_layout(layout: ModelLayout, headers: Sequence[FileHeader]) -> dict[str, TensorInfo]:
@@ -163,7 +174,7 @@ def _select(all_tensors: dict[str, TensorInfo], selection: Selection, url: str) 
 
 
 @dataclass
-class _Progress:
+class Progress:
     """Live counters of one load, read by statistics() and progress bars."""
 
     bytes_total: int = 0
@@ -172,20 +183,199 @@ class _Progress:
     tensors_done: int = 0
 
 
+@dataclass
+class _Plan:
+    chosen: list[TensorInfo]
+    spans: list[Span]
+    reads: list[Read]
+
+
+class _Load:
+    """The state of one load, and its steps as small methods."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        model: OpenModel,
+        device: Device,
+        limits: Limits,
+        budget: ByteBudget,
+        selection: Selection,
+        emit: Emit,
+        progress: Progress,
+        on_metadata: Callable[[dict[str, str]], None] | None,
+    ) -> None:
+        self.url = url
+        self.model = model
+        self.layout = model.layout
+        self.device = device
+        self.limits = limits
+        self.share = Share(budget)
+        self.selection = selection
+        self.emit = emit
+        self.progress = progress
+        self.on_metadata = on_metadata
+        self.blobs = model.blobs
+        self.allocations: dict[Span, SpanAllocation] = {}
+        self.waiting_on: dict[str, int] = {}  # tensor -> reads still to land
+        self.copying: asyncio.Queue[Staged] = asyncio.Queue()
+        self.copy_seconds = 0.0
+        self._copy_free_at = 0.0
+        self.started = time.perf_counter()
+        self.header_done = self.last_read_done = self.started
+
+    async def run(self) -> LoadReport:
+        headers = self.model.headers
+        async with self.model:
+            plan = self._plan(headers)
+            self.header_done = self.last_read_done = time.perf_counter()
+            # Imports and (for a GPU) the device's context are set up in a thread
+            # before the first tensor is allocated.
+            await self.device.prepare()
+            await self._allocate(plan)
+            await self._transfer(plan.reads)
+        return self._report(len(headers), len(plan.chosen))
+
+    def _plan(self, headers: Sequence[FileHeader]) -> _Plan:
+        all_tensors = _check_layout(self.layout, headers)
+        if self.on_metadata is not None:
+            merged: dict[str, str] = {}
+            for header in headers:
+                merged.update(header.metadata)
+            self.on_metadata(merged)
+        wanted = _select(all_tensors, self.selection, self.url)
+        spans, reads = plan_reads(headers, wanted, self.limits.read_size)
+        chosen = [t for h in headers for t in h.tensors if wanted is None or t.name in wanted]
+        self.progress.tensors_total = len(chosen)
+        self.progress.bytes_total = sum(t.nbytes for t in chosen)
+        # A tensor is complete once every read overlapping it has landed.
+        for read in reads:
+            for tensor in read.tensors:
+                self.waiting_on[tensor.name] = self.waiting_on.get(tensor.name, 0) + 1
+        return _Plan(chosen, spans, reads)
+
+    async def _allocate(self, plan: _Plan) -> None:
+        # Memory for every span is reserved before the first read: an mmap()
+        # while readers are faulting pages in waits for the address-space lock,
+        # and on the event loop that wait would stall everything else.
+        slice_started = time.perf_counter()
+        for span in plan.spans:
+            self.allocations[span] = self.device.allocate(span)
+            if time.perf_counter() - slice_started > _ALLOCATION_SLICE:
+                await asyncio.sleep(0)  # thousands of tensors: let others run
+                slice_started = time.perf_counter()
+        for tensor in plan.chosen:
+            if tensor.nbytes == 0:
+                self.emit(tensor.name, self.device.empty(tensor))
+                self.progress.tensors_done += 1
+
+    async def _transfer(self, reads: list[Read]) -> None:
+        pending = iter(reads)
+        workers = [self._reader(pending) for _ in range(min(self.limits.concurrency, len(reads)))]
+        if self.device.copies:
+            workers.append(self._completer(len(reads)))
+        try:
+            await gather(workers)
+        finally:
+            # Committed reads whose copies were never waited for still hold staging
+            # and budget; a copy may still be reading its slot: let it finish.
+            while not self.copying.empty():
+                staged = self.copying.get_nowait()
+                with contextlib.suppress(Exception):
+                    await self.device.finish(staged)
+
+    async def _reader(self, pending: Iterator[Read]) -> None:
+        device = self.device
+        for read in pending:
+            async with device.stage(read, self.allocations[read.span], self.share) as staged:
+                assert staged.buffer is not None
+                await self._read(read, staged.buffer)
+                device.commit(staged)
+            self.last_read_done = time.perf_counter()
+            if device.copies:
+                self.copying.put_nowait(staged)
+            else:
+                await device.finish(staged)
+                self._landed(read)
+
+    async def _read(self, read: Read, buffer: memoryview) -> None:
+        try:
+            await self.blobs[read.span.file].read_into(read.start, [buffer])
+        except ReadError as exc:
+            raise type(exc)(
+                f"{exc}; while loading {read.describe()}",
+                url=read.url,
+                start=read.start,
+                end=read.end,
+                tensors=tuple(t.name for t in read.tensors),
+            ) from exc
+
+    async def _completer(self, count: int) -> None:
+        # Copies run one after another on the device's stream, in the order the
+        # readers committed them: wait for them in that order.
+        for _ in range(count):
+            staged = await self.copying.get()
+            submitted = time.perf_counter()
+            await self.device.finish(staged)
+            done = time.perf_counter()
+            # Time the copy engine was busy, at most since this copy was waited for.
+            self.copy_seconds += done - max(submitted, self._copy_free_at)
+            self._copy_free_at = done
+            self._landed(staged.read)
+
+    def _landed(self, read: Read) -> None:
+        """Hand out every tensor of ``read`` whose last byte is now in place."""
+        allocation = self.allocations[read.span]
+        progress = self.progress
+        for tensor in read.tensors:
+            self.waiting_on[tensor.name] -= 1
+            if self.waiting_on[tensor.name] == 0:
+                del self.waiting_on[tensor.name]
+                progress.tensors_done += 1
+                progress.bytes_done += tensor.nbytes
+                self.emit(tensor.name, allocation.tensor(tensor))
+
+    def _report(self, files: int, tensors: int) -> LoadReport:
+        finished = time.perf_counter()
+        report = LoadReport(
+            url=self.url,
+            device=self.device.name,
+            files=files,
+            tensors=tensors,
+            bytes=self.progress.bytes_total,
+            header_seconds=self.header_done - self.started,
+            read_seconds=max(0.0, self.last_read_done - self.header_done),
+            copy_seconds=self.copy_seconds,
+            total_seconds=finished - self.started,
+            peak_staging_bytes=self.share.peak,
+            settings=self.limits.as_dict(),
+        )
+        logger.info("%s", report.summary())
+        if report.copy_seconds and report.total_seconds > 1.0 and report.overlap < 0.5:
+            logger.warning(
+                "%s: reads and copies overlapped only %.0f%%; %s",
+                self.url,
+                report.overlap * 100,
+                report.advice(),
+            )
+        return report
+
+
 async def run_load(
     *,
     url: str,
-    source: Source,
-    layout: ModelLayout,
+    model: OpenModel,
     device: Device,
     limits: Limits,
     budget: ByteBudget,
     selection: Selection,
     emit: Emit,
-    progress: _Progress | None = None,
+    progress: Progress | None = None,
     on_metadata: Callable[[dict[str, str]], None] | None = None,
 ) -> LoadReport:
-    """Load the tensors of ``layout`` into ``device``, calling ``emit`` as each completes.
+    """Load the tensors of ``model`` into ``device``, calling ``emit`` as each completes;
+    ``model`` is closed when it returns.
 
     Returns:
         The report of the load (also logged at INFO).
@@ -193,157 +383,15 @@ async def run_load(
     Raises:
         LoaderError: any failure, naming the file, tensor and byte range.
     """
-    progress = progress or _Progress()
-    started = time.perf_counter()
-    blobs, headers = await load_headers(source, layout, limits.concurrency)
-    try:
-        all_tensors = _check_layout(layout, headers)
-        if on_metadata is not None:
-            merged: dict[str, str] = {}
-            for header in headers:
-                merged.update(header.metadata)
-            on_metadata(merged)
-        wanted = _select(all_tensors, selection, url)
-        spans, reads = plan_reads(headers, wanted, limits.read_size)
-        chosen = [t for h in headers for t in h.tensors if wanted is None or t.name in wanted]
-        progress.tensors_total = len(chosen)
-        progress.bytes_total = sum(t.nbytes for t in chosen)
-        header_done = time.perf_counter()
-
-        # Imports and (for a GPU) the device's context are set up in a thread
-        # before the first tensor is allocated.
-        await device.prepare()
-        # Memory for every span is reserved before the first read: an mmap()
-        # while readers are faulting pages in waits for the address-space lock,
-        # and on the event loop that wait would stall everything else.
-        allocations: dict[Span, SpanAllocation] = {}
-        slice_started = time.perf_counter()
-        for span in spans:
-            allocations[span] = device.allocate(span)
-            if time.perf_counter() - slice_started > _ALLOCATION_SLICE:
-                await asyncio.sleep(0)  # thousands of tensors: let others run
-                slice_started = time.perf_counter()
-        for tensor in chosen:
-            if tensor.nbytes == 0:
-                emit(tensor.name, device.empty(tensor))
-                progress.tensors_done += 1
-        # A tensor is complete once every read overlapping it has landed.
-        waiting_on: dict[str, int] = {}
-        for read in reads:
-            for tensor in read.tensors:
-                waiting_on[tensor.name] = waiting_on.get(tensor.name, 0) + 1
-
-        landed: asyncio.Queue[tuple[Read, memoryview]] = asyncio.Queue()
-        copying: asyncio.Queue[tuple[Read, Any, float]] = asyncio.Queue()
-        pending = iter(reads)
-        copy_seconds = 0.0
-        copy_free_at = 0.0
-        last_read_done = header_done
-        staged = peak_staged = 0
-
-        async def reader() -> None:
-            nonlocal last_read_done, staged, peak_staged
-            for read in pending:
-                cost = device.cost(read)
-                await budget.acquire(cost)
-                staged += cost
-                peak_staged = max(peak_staged, staged)
-                handed_over = False
-                try:
-                    buffer = await device.stage(read, allocations[read.span])
-                    try:
-                        await blobs[read.span.file].read_into(read.start, [buffer])
-                    except ReadError as exc:
-                        raise type(exc)(
-                            f"{exc}; while loading {read.describe()}",
-                            url=read.url,
-                            start=read.start,
-                            end=read.end,
-                            tensors=tuple(t.name for t in read.tensors),
-                        ) from exc
-                    landed.put_nowait((read, buffer))
-                    handed_over = True
-                    last_read_done = time.perf_counter()
-                finally:
-                    if not handed_over:
-                        device.release(read)
-                        staged -= cost
-                        budget.release(cost)
-
-        async def submitter() -> None:
-            # Copies start in the order reads land; a GPU runs them on one stream
-            # while the readers go on filling other slots.
-            for _ in range(len(reads)):
-                read, buffer = await landed.get()
-                token = device.submit(read, allocations[read.span], buffer)
-                copying.put_nowait((read, token, time.perf_counter()))
-
-        async def completer() -> None:
-            nonlocal copy_seconds, copy_free_at, staged
-            for _ in range(len(reads)):
-                read, token, submitted = await copying.get()
-                try:
-                    await device.wait(read, token)
-                finally:
-                    cost = device.cost(read)
-                    staged -= cost
-                    budget.release(cost)
-                if token is not None:
-                    done = time.perf_counter()
-                    # Time the copy engine was busy: copies run one after another.
-                    copy_seconds += done - max(submitted, copy_free_at)
-                    copy_free_at = done
-                allocation = allocations[read.span]
-                for tensor in read.tensors:
-                    waiting_on[tensor.name] -= 1
-                    if waiting_on[tensor.name] == 0:
-                        del waiting_on[tensor.name]
-                        progress.tensors_done += 1
-                        progress.bytes_done += tensor.nbytes
-                        emit(tensor.name, allocation.tensor(tensor))
-
-        try:
-            workers = min(limits.concurrency, len(reads))
-            await _gather([reader() for _ in range(workers)] + [submitter(), completer()])
-        finally:
-            # Reads that landed but were never submitted or completed still hold
-            # staging and budget.
-            while not landed.empty():
-                read, _ = landed.get_nowait()
-                device.release(read)
-                budget.release(device.cost(read))
-            while not copying.empty():
-                read, token, _ = copying.get_nowait()
-                try:
-                    # A submitted copy may still be reading its slot: let it finish.
-                    await device.wait(read, token)
-                except Exception:
-                    pass
-                finally:
-                    budget.release(device.cost(read))
-    finally:
-        await aclose_all(blobs)
-
-    finished = time.perf_counter()
-    report = LoadReport(
+    load = _Load(
         url=url,
-        device=device.name,
-        files=len(headers),
-        tensors=len(chosen),
-        bytes=progress.bytes_total,
-        header_seconds=header_done - started,
-        read_seconds=max(0.0, last_read_done - header_done),
-        copy_seconds=copy_seconds,
-        total_seconds=finished - started,
-        peak_staging_bytes=peak_staged,
-        settings=limits.as_dict(),
+        model=model,
+        device=device,
+        limits=limits,
+        budget=budget,
+        selection=selection,
+        emit=emit,
+        progress=progress or Progress(),
+        on_metadata=on_metadata,
     )
-    logger.info("%s", report.summary())
-    if report.copy_seconds and report.total_seconds > 1.0 and report.overlap < 0.5:
-        logger.warning(
-            "%s: reads and copies overlapped only %.0f%%; %s",
-            url,
-            report.overlap * 100,
-            report.advice(),
-        )
-    return report
+    return await load.run()

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .dtypes import DTYPE_SIZES
 from .errors import HeaderError, UnsupportedFormatError
 
 __all__ = [
@@ -33,16 +34,6 @@ PREFIX_SIZE = 8
 # The reference implementation refuses headers above 100 MB; so do we, before
 # allocating anything for them.
 MAX_HEADER_SIZE = 100_000_000
-
-# Bytes per element of each dtype the format defines and torch can hold.
-DTYPE_SIZES: dict[str, int] = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2,
-    "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-    "U64": 8, "U32": 4, "U16": 2, "U8": 1,
-    "BOOL": 1,
-    "F8_E4M3": 1, "F8_E4M3FNUZ": 1, "F8_E5M2": 1, "F8_E5M2FNUZ": 1, "F8_E8M0": 1,
-    "C64": 8,
-}  # fmt: skip
 
 # Dtypes the format defines that no supported framework can hold as plain tensors.
 _KNOWN_UNSUPPORTED = {"F4", "F6_E2M3", "F6_E3M2"}

@@ -14,7 +14,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["BudgetStatistics", "ByteBudget"]
+__all__ = ["BudgetStatistics", "ByteBudget", "Share"]
 
 
 @dataclass(frozen=True)
@@ -109,3 +109,28 @@ class ByteBudget:
     def _check(self, n: int) -> None:
         if n <= 0 or n > self._limit:
             raise ValueError(f"cannot take {n} bytes from a budget of {self._limit}")
+
+
+class Share:
+    """One load's part of a shared budget: what it holds now, and the most it held.
+
+    Args:
+        budget: the budget every load of a Loader draws from.
+    """
+
+    def __init__(self, budget: ByteBudget) -> None:
+        self.budget = budget
+        self.held = 0
+        self.peak = 0
+
+    def __repr__(self) -> str:
+        return f"<Share held={self.held} peak={self.peak} of {self.budget!r}>"
+
+    async def acquire(self, n: int) -> None:
+        await self.budget.acquire(n)
+        self.held += n
+        self.peak = max(self.peak, self.held)
+
+    def release(self, n: int) -> None:
+        self.budget.release(n)
+        self.held -= n

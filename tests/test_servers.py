@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import save_file
 
 from .fixtures_remote import *  # noqa: F403  (the fixtures, until conftest imports them)
-from .servers import FaultyHttpServer, MotoS3Server, RequestRecord
+from .http_server import FaultyHttpServer, RequestRecord
+from .s3_server import MotoS3Server
 
 SIZE = 300_000  # several 64 KiB chunks, not a multiple of one
 

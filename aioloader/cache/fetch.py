@@ -13,20 +13,18 @@ import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._threads import run_blocking
 from ..config import HttpOptions, Limits, S3Options
 from ..errors import CacheError
-from ..pipeline import _gather
 from ..sources.base import Blob, Source, aclose_all
+from ..tasks import gather
 from .checksum import DigestMismatch, Published, md5_of_etag
 from .entry import EntryFiles, PartialFile, Version, cache_error
 from .locks import acquire
 from .ranges import split
-
-if TYPE_CHECKING:
-    from .store import ModelCache
+from .shelf import Shelf
 
 __all__ = ["Progress", "version_of"]
 
@@ -40,7 +38,7 @@ def version_of(blob: Blob) -> Version:
     return Version(blob.size, getattr(blob, "etag", None), getattr(blob, "last_modified", None))
 
 
-class _Meter:
+class Meter:
     """Bytes done across the files of one fetch, reported to a callback."""
 
     def __init__(self, callback: Progress | None) -> None:
@@ -55,7 +53,7 @@ class _Meter:
 
 
 @dataclass(frozen=True)
-class _Options:
+class FetchOptions:
     limits: Limits
     http: HttpOptions | None
     s3: S3Options | None
@@ -69,23 +67,23 @@ class _Options:
         http: HttpOptions | None,
         headers: Mapping[str, str] | None,
         s3: S3Options | None,
-    ) -> _Options:
+    ) -> FetchOptions:
         if headers is not None:
             http = replace(http or HttpOptions(), headers=tuple(headers.items()))
         base = limits if limits is not None else Limits()
         return cls(base.with_options(concurrency=concurrency, chunk_size=chunk_size), http, s3)
 
 
-class _Fetcher:
+class Fetcher:
     """Downloads the missing ranges of a set of files, ``concurrency`` ranges at once."""
 
     def __init__(
         self,
-        cache: ModelCache,
+        cache: Shelf,
         source: Source,
         executor: ThreadPoolExecutor,
         limits: Limits,
-        meter: _Meter,
+        meter: Meter,
         exclude: set[str],
     ) -> None:
         self.cache = cache
@@ -107,13 +105,13 @@ class _Fetcher:
 
         results: dict[str, tuple[int, int]] = {}
         try:
-            await _gather(probe(u) for u in urls)
+            await gather(probe(u) for u in urls)
             self.meter.total = sum(b.size for b in blobs.values())
 
             async def one(url: str) -> None:
                 results[url] = (blobs[url].size, await self._file(blobs[url]))
 
-            await _gather(one(u) for u in urls)
+            await gather(one(u) for u in urls)
         finally:
             await aclose_all(blobs.values())
         return results
@@ -142,7 +140,7 @@ class _Fetcher:
             )  # fmt: skip
         meta = await self._blocking(lambda: files.complete_for(version), url, "checking")
         if meta is not None and await self._touch(files, version):
-            cache._count(hit=True)
+            cache.record(hit=True)
             self.meter.add(version.size)
             return 0
         await self._blocking(files.make, url, "creating the entry of")
@@ -154,10 +152,10 @@ class _Fetcher:
             # Another process may have completed it while this one waited.
             meta = await self._blocking(lambda: files.complete_for(version), url, "checking")
             if meta is not None and await self._touch(files, version):
-                cache._count(hit=True)
+                cache.record(hit=True)
                 self.meter.add(version.size)
                 return 0
-            await cache._make_room(files, version.size, self.exclude)
+            await cache.make_room(files, version.size, self.exclude)
             published = await self._published(url, version)
             partial: PartialFile = await self._blocking(
                 lambda: PartialFile.open(files, url, version, published=published),
@@ -167,13 +165,13 @@ class _Fetcher:
                 self.meter.add(partial.done.total)
                 missing = split(partial.done.missing(version.size), self.piece)
                 downloaded = sum(end - start for start, end in missing)
-                await _gather(self._copy(blob, partial, s, e) for s, e in missing)
+                await gather(self._copy(blob, partial, s, e) for s, e in missing)
                 await self._complete(partial, url, version, published)
             finally:
                 partial.close()
         finally:
             lock.release()
-        cache._count(hit=False, downloaded=downloaded)
+        cache.record(hit=False, downloaded=downloaded)
         return downloaded
 
     async def _published(self, url: str, version: Version) -> Published | None:

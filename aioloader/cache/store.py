@@ -29,7 +29,7 @@ from ..errors import CacheError, ConfigError
 from ..layout import resolve_layout
 from ..sources.auto import scheme_of, source_for
 from .entry import EntryFiles, cache_error, key_of, read_meta
-from .fetch import Progress, _Fetcher, _Meter, _Options
+from .fetch import Fetcher, FetchOptions, Meter, Progress
 from .info import CachedModel, CacheEntry, CacheStatistics, VerifyResult
 from .links import ModelLinks
 from .locks import acquire, try_acquire_async
@@ -147,7 +147,7 @@ class ModelCache:
         urls = (url,) if isinstance(url, str) else tuple(url)
         flight = self._flights.get(urls)
         if flight is None or flight.task.done():
-            options = _Options.of(limits, concurrency, chunk_size, http, headers, s3)
+            options = FetchOptions.of(limits, concurrency, chunk_size, http, headers, s3)
             task = asyncio.get_running_loop().create_task(
                 self._fetch(url if isinstance(url, str) else list(urls), options, progress),
                 name=f"aioloader cache fetch {urls[0]}",
@@ -173,7 +173,7 @@ class ModelCache:
             flight.task.exception()  # retrieved by the waiters; never "never retrieved"
 
     async def _fetch(
-        self, url: str | list[str], options: _Options, progress: Progress | None
+        self, url: str | list[str], options: FetchOptions, progress: Progress | None
     ) -> CachedModel:
         urls = [url] if isinstance(url, str) else url
         if not urls:
@@ -195,7 +195,7 @@ class ModelCache:
             links = ModelLinks.plan(url, layout, source.parent)
             wanted = ([layout.index] if layout.index else []) + list(layout.files)
             exclude = {key_of(u) for u in wanted}
-            fetcher = _Fetcher(self, source, executor, limits, _Meter(progress), exclude)
+            fetcher = Fetcher(self, source, executor, limits, Meter(progress), exclude)
             results = await fetcher.run(wanted)
             try:
                 model_path = await run_blocking(executor, lambda: links.create(self.root))
@@ -350,16 +350,16 @@ class ModelCache:
             raise cache_error(exc, self.root, "evicting old entries") from exc
         self._counters.evictions += evicted
 
-    async def _make_room(self, files: EntryFiles, size: int, exclude: set[str]) -> None:
+    async def make_room(self, files: EntryFiles, size: int, exclude: set[str]) -> None:
         """Evict old entries so that the ``size`` bytes of ``files`` fit under the cap."""
         reserve = max(0, size - await run_blocking(None, files.bytes_on_disk))
         await self._evict(exclude | {files.dir.name}, reserve)
 
-    async def _after_complete(self, url: str) -> None:
+    async def after_complete(self, url: str) -> None:
         """Bookkeeping once a load through the cache completed an entry."""
         await self._evict({key_of(url)})
 
-    def _warn_uncached(self, exc: OSError, url: str) -> None:
+    def warn_uncached(self, exc: OSError, url: str) -> None:
         """Say once per process that this cache cannot take files, and why."""
         if str(self.root) in _warned_roots:
             logger.debug("model cache %s: not caching %s: %s", self.root, url, exc)
@@ -368,10 +368,10 @@ class ModelCache:
         error = cache_error(exc, self.root, f"caching {url}")
         logger.warning("%s. Loading from the remote without caching (this is said once)", error)
 
-    def _count_download(self, nbytes: int) -> None:
+    def record_download(self, nbytes: int) -> None:
         self._counters.bytes_downloaded += nbytes
 
-    def _count(self, *, hit: bool, downloaded: int = 0) -> None:
+    def record(self, *, hit: bool, downloaded: int = 0) -> None:
         if hit:
             self._counters.hits += 1
         else:

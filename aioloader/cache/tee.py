@@ -36,7 +36,7 @@ from ..sources.file import FileSource
 from .entry import EntryFiles, PartialFile, Version, cache_error, clip, no_room
 from .fetch import version_of
 from .locks import FileLock, acquire, try_acquire_async
-from .store import ModelCache
+from .shelf import Shelf
 
 __all__ = ["CachingSource"]
 
@@ -130,7 +130,7 @@ class _TeeBlob(Blob):
                 raise cache_error(exc, root, f"reading the cache of {self.url}") from exc
             return
         await self._remote.read_into(offset, buffers)
-        self._source.cache._count_download(end - offset)
+        self._source.cache.record_download(end - offset)
         try:
             await self._blocking(lambda: partial.write(offset, buffers))
         except OSError as exc:
@@ -138,7 +138,7 @@ class _TeeBlob(Blob):
                 raise cache_error(exc, root, f"writing {self.url}") from exc
             # The bytes are in the caller's buffers already: only the cache gives up.
             self._partial = None
-            self._source.cache._warn_uncached(exc, self.url)
+            self._source.cache.warn_uncached(exc, self.url)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -171,18 +171,18 @@ class _TeeBlob(Blob):
             # The tensors are loaded already: do not fail the load over it.
             if no_room(exc):
                 self._partial = None
-                cache._warn_uncached(exc, self.url)
+                cache.warn_uncached(exc, self.url)
             else:
                 logger.warning("%s", cache_error(exc, cache.root, f"completing {self.url}"))
             return
         try:
-            await cache._after_complete(self.url)
+            await cache.after_complete(self.url)
         except CacheError as exc:
             logger.warning("%s", exc)
 
 
 class CachingSource(Source):
-    """A remote Source read through a ModelCache (see the module docstring).
+    """A remote Source read through a node cache (see the module docstring).
 
     Args:
         inner: the remote Source (HTTP or S3).
@@ -192,7 +192,7 @@ class CachingSource(Source):
     ``aclose`` releases the threads; ``inner`` belongs to the caller and stays open.
     """
 
-    def __init__(self, inner: Source, cache: ModelCache, *, threads: int) -> None:
+    def __init__(self, inner: Source, cache: Shelf, *, threads: int) -> None:
         self.inner = inner
         self.cache = cache
         self._threads = threads
@@ -260,7 +260,7 @@ class CachingSource(Source):
             except OSError as exc:
                 if not no_room(exc):
                     raise cache_error(exc, self.cache.root, f"locking {url}") from exc
-                self.cache._warn_uncached(exc, url)
+                self.cache.warn_uncached(exc, url)
                 return remote
             if lock is not None:
                 break
@@ -272,7 +272,7 @@ class CachingSource(Source):
         if partial is None:
             lock.release()
             return remote
-        self.cache._count(hit=False)
+        self.cache.record(hit=False)
         return _TeeBlob(self, remote, partial, lock)
 
     async def _open_local(self, url: str, files: EntryFiles, version: Version) -> Blob | None:
@@ -292,7 +292,7 @@ class CachingSource(Source):
             if use is not None:
                 use.release()
             raise
-        self.cache._count(hit=True)
+        self.cache.record(hit=True)
         return _LocalBlob(self, url, local, use)
 
     async def _hold(self, url: str, files: EntryFiles) -> FileLock | None:
@@ -334,7 +334,7 @@ class CachingSource(Source):
     async def _prepare(self, url: str, files: EntryFiles, version: Version) -> PartialFile | None:
         """The entry's partial file, under its lock; None when the cache has no room."""
         try:
-            await self.cache._make_room(files, version.size, set())
+            await self.cache.make_room(files, version.size, set())
         except CacheError as exc:
             logger.warning("%s", exc)  # other entries stay; this load goes on
         try:
@@ -348,7 +348,7 @@ class CachingSource(Source):
                 raise cache_error(exc, self.cache.root, f"preparing {url}") from exc
             problem = exc
         await run_blocking(self._pool(), lambda: _discard_quietly(files))
-        self.cache._warn_uncached(problem, url)
+        self.cache.warn_uncached(problem, url)
         return None
 
     async def aclose(self) -> None:

@@ -11,12 +11,15 @@ an asynchronous copy and frees the staging slot when it has completed.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from ..plan import Read, Span
 from ..safetensors import TensorInfo
+from ..staging import Share
 
-__all__ = ["Device", "SpanAllocation"]
+__all__ = ["Device", "SpanAllocation", "Staged"]
 
 
 class SpanAllocation(ABC):
@@ -29,10 +32,39 @@ class SpanAllocation(ABC):
         """The tensor of ``info`` (one of the span's), handed to the caller when complete."""
 
 
+class Staged:
+    """A read from ``Device.stage`` until ``Device.finish``: its buffer and the budget it holds.
+
+    Attributes:
+        read: the byte range.
+        buffer: where the reader puts its bytes.
+        token: the device's handle on the move to the destination, once committed.
+    """
+
+    __slots__ = ("allocation", "buffer", "committed", "cost", "read", "share", "token")
+
+    def __init__(self, read: Read, allocation: SpanAllocation, cost: int, share: Share) -> None:
+        self.read = read
+        self.allocation = allocation
+        self.cost = cost
+        self.share = share
+        self.buffer: memoryview | None = None
+        self.token: Any = None
+        self.committed = False
+
+
 class Device(ABC):
-    """A kind of destination memory."""
+    """A kind of destination memory.
+
+    The budget rule lives in ``stage`` and ``finish``: a read holds ``cost(read)`` bytes
+    of its load's share from the moment it is staged until its bytes are in their
+    destination (``finish``), or until it is dropped uncommitted (error, cancellation).
+    """
 
     name: str
+    #: Whether bytes move again after they land (a staging ring and a copy engine);
+    #: then ``finish`` waits for that move. Host memory is filled in place.
+    copies: bool = False
 
     @abstractmethod
     def allocate(self, span: Span) -> SpanAllocation:
@@ -46,9 +78,42 @@ class Device(ABC):
     def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
         """The writable buffer of ``read.nbytes`` bytes that the reader fills."""
 
-    async def stage(self, read: Read, allocation: SpanAllocation) -> memoryview:
+    async def buffer_for(self, read: Read, allocation: SpanAllocation) -> memoryview:
         """The buffer the reader fills with ``read``'s bytes, once one is free."""
         return self.staging(read, allocation)
+
+    @asynccontextmanager
+    async def stage(
+        self, read: Read, allocation: SpanAllocation, share: Share
+    ) -> AsyncIterator[Staged]:
+        """Budget and a buffer for ``read``; fill ``staged.buffer``, then ``commit``.
+
+        Leaving the block uncommitted (an error, a cancellation) gives both back; a
+        committed read keeps them until ``finish``.
+        """
+        staged = Staged(read, allocation, self.cost(read), share)
+        await share.acquire(staged.cost)
+        try:
+            staged.buffer = await self.buffer_for(read, allocation)
+            yield staged
+        finally:
+            if not staged.committed:
+                if staged.buffer is not None:
+                    self.release(read)
+                share.release(staged.cost)
+
+    def commit(self, staged: Staged) -> None:
+        """The buffer holds the read's bytes: start moving them to their destination."""
+        assert staged.buffer is not None
+        staged.token = self.submit(staged.read, staged.allocation, staged.buffer)
+        staged.committed = True
+
+    async def finish(self, staged: Staged) -> None:
+        """Wait until a committed read's bytes are in their destination; free its staging."""
+        try:
+            await self.wait(staged.read, staged.token)
+        finally:
+            staged.share.release(staged.cost)
 
     def cost(self, read: Read) -> int:
         """Staging budget bytes a read holds from ``staging`` until its copy completes."""

@@ -17,40 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import numpy_dtype, torch_dtype
 from ..plan import ALIGNMENT, Read, Span
 from ..safetensors import TensorInfo
 from .base import Device, SpanAllocation
 
-__all__ = ["CpuDevice", "torch_dtype"]
-
-_TORCH_NAMES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8",
-    "BOOL": "bool", "C64": "complex64",
-    "F8_E4M3": "float8_e4m3fn", "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2": "float8_e5m2", "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    "F8_E8M0": "float8_e8m0fnu",
-}  # fmt: skip
-
-
-def torch_dtype(dtype: str, *, tensor: str = "") -> Any:
-    """The torch dtype for a safetensors dtype string.
-
-    Raises:
-        FormatError: this torch build has no such dtype.
-    """
-    import torch
-
-    from ..errors import FormatError
-
-    found = getattr(torch, _TORCH_NAMES.get(dtype, ""), None)
-    if found is None:
-        raise FormatError(
-            f"tensor {tensor!r}: dtype {dtype} has no equivalent in torch {torch.__version__}; "
-            "upgrade torch or select other tensors"
-        )
-    return found
+__all__ = ["CpuDevice", "HostSpan"]
 
 
 class HostSpan(SpanAllocation):
@@ -74,9 +46,7 @@ class HostSpan(SpanAllocation):
             offset = info.start - span.start
             flat = self.array[offset : offset + info.nbytes]
             if framework == "numpy":
-                from .cupy import numpy_dtype
-
-                array = flat.view(numpy_dtype(info, "NumPy")).reshape(info.shape)
+                array = flat.view(numpy_dtype(info.dtype, tensor=info.name)).reshape(info.shape)
                 self._tensors[info.name] = array
             else:
                 import torch
@@ -113,9 +83,7 @@ class CpuDevice(Device):
 
     def empty(self, info: TensorInfo) -> Any:
         if self._framework == "numpy":
-            from .cupy import numpy_dtype
-
-            return np.empty(info.shape, dtype=numpy_dtype(info, "NumPy"))
+            return np.empty(info.shape, dtype=numpy_dtype(info.dtype, tensor=info.name))
         import torch
 
         return torch.empty(info.shape, dtype=torch_dtype(info.dtype, tensor=info.name))

@@ -7,32 +7,16 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError
+from ..dtypes import numpy_dtype
+from ..errors import ConfigError
 from ..plan import Span
 from ..safetensors import TensorInfo
 from .staged import CopyEngine
 
-__all__ = ["CupyEngine", "numpy_dtype"]
+__all__ = ["CupyEngine"]
 
-_NUMPY = {
-    "F64": "float64", "F32": "float32", "F16": "float16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8",
-    "BOOL": "bool", "C64": "complex64",
-}  # fmt: skip
 _POLL_FIRST = 0.0002
 _POLL_MAX = 0.002
-
-
-def numpy_dtype(info: TensorInfo, framework: str) -> Any:
-    """The NumPy (and CuPy) dtype of a tensor, or a clear error for BF16 and F8."""
-    name = _NUMPY.get(info.dtype)
-    if name is None:
-        raise FormatError(
-            f"tensor {info.name!r} is {info.dtype}, which {framework} arrays cannot hold; "
-            "load it with framework='torch' or select other tensors"
-        )
-    return np.dtype(name)
 
 
 class CupyEngine(CopyEngine):
@@ -72,12 +56,14 @@ class CupyEngine(CopyEngine):
         for info in span.tensors:
             offset = info.start - span.start
             flat = buffer[offset : offset + info.nbytes]
-            arrays[info.name] = flat.view(numpy_dtype(info, "CuPy")).reshape(info.shape)
+            dtype = numpy_dtype(info.dtype, tensor=info.name, framework="CuPy")
+            arrays[info.name] = flat.view(dtype).reshape(info.shape)
         return buffer, arrays
 
     def empty(self, info: TensorInfo) -> Any:
         with self._cupy.cuda.Device(self._index):
-            return self._cupy.empty(info.shape, dtype=numpy_dtype(info, "CuPy"))
+            dtype = numpy_dtype(info.dtype, tensor=info.name, framework="CuPy")
+            return self._cupy.empty(info.shape, dtype=dtype)
 
     def submit(self, source: Any, offset: int, target: Any, target_offset: int, nbytes: int) -> Any:
         cupy = self._cupy

@@ -24,9 +24,10 @@ import numpy as np
 
 from .._threads import finish_before_cancel
 from ..config import Limits
+from ..dtypes import DTYPE_SIZES
 from ..errors import FormatError
 from ..plan import ALIGNMENT, Read, Span
-from ..safetensors import DTYPE_SIZES, TensorInfo
+from ..safetensors import TensorInfo
 from .base import Device, SpanAllocation
 
 __all__ = ["CopyEngine", "HostCopyEngine", "RingStatistics", "StagedDevice"]
@@ -128,6 +129,8 @@ class StagedDevice(Device):
             an H200 machine), so the ring is no larger than keeping both busy needs.
     """
 
+    copies = True
+
     def __init__(self, engine: CopyEngine, limits: Limits) -> None:
         self._engine = engine
         self._slot_size = max(ALIGNMENT, limits.read_size - limits.read_size % ALIGNMENT)
@@ -188,7 +191,7 @@ class StagedDevice(Device):
     def empty(self, info: TensorInfo) -> Any:
         return self._engine.empty(info)
 
-    async def stage(self, read: Read, allocation: SpanAllocation) -> memoryview:
+    async def buffer_for(self, read: Read, allocation: SpanAllocation) -> memoryview:
         if self._ring is None:
             await self._pin_ring()
         await self._free_slots.acquire()

@@ -1,0 +1,45 @@
+"""What loads and fetches need from the cache they fill: the ``Shelf`` protocol.
+
+``ModelCache`` implements it. Fetches (fetch.py) and loads through the cache
+(tee.py) depend on this protocol, not on the store, so the store can build both
+without an import cycle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from .entry import EntryFiles
+
+__all__ = ["Shelf"]
+
+
+class Shelf(Protocol):
+    """A node cache, as the code that writes its entries sees it."""
+
+    @property
+    def root(self) -> Path:
+        """The cache folder."""
+
+    @property
+    def check_etag(self) -> bool:
+        """Whether a download is checked against an ETag that looks like an MD5."""
+
+    def entry_files(self, url: str) -> EntryFiles:
+        """The files of ``url``'s entry."""
+
+    async def make_room(self, files: EntryFiles, size: int, exclude: set[str]) -> None:
+        """Evict old entries so that ``size`` bytes of ``files`` fit under the cap."""
+
+    async def after_complete(self, url: str) -> None:
+        """Bookkeeping once an entry is complete."""
+
+    def warn_uncached(self, exc: OSError, url: str) -> None:
+        """Say (once) that this cache cannot take files, and why."""
+
+    def record(self, *, hit: bool, downloaded: int = 0) -> None:
+        """Count a hit, or a miss and the bytes it downloaded."""
+
+    def record_download(self, nbytes: int) -> None:
+        """Count bytes downloaded into an entry."""

@@ -1,0 +1,98 @@
+"""One remote store reached over HTTP: its transport, its retries, and opening files.
+
+Opening a file is one probe: a range GET of its first ``PROBE_SIZE`` bytes gives
+its size, its version and (nearly always) the whole safetensors header in one
+round trip. A server that ignores ``Range`` is detected there, and the file is
+read as one sequential stream, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import urlparse
+
+from ..config import HttpOptions
+from ..throttle import LimiterStatistics
+from .blob import HttpBlob
+from .retry import Retrier, RetryableError
+from .rules import PROBE_SIZE, check_encoding, size_of, strong_etag
+from .signer import Signer
+from .transport import HttpTransport, retryable, transport_errors
+
+__all__ = ["RemoteStore"]
+
+logger = logging.getLogger("aioloader")
+
+
+class RemoteStore:
+    """The HTTP machinery a remote source holds: signed requests, retried and throttled.
+
+    Args:
+        owner: the name of the source, for messages.
+        concurrency: the most requests in flight.
+        options: retries, timeouts and the URL policy.
+        signer: authorises the requests (plain headers, AWS SigV4, ...).
+    """
+
+    def __init__(self, owner: str, concurrency: int, options: HttpOptions, signer: Signer) -> None:
+        self.transport = HttpTransport(owner, options, signer)
+        self.retrier = Retrier(concurrency, options)
+        self._warned: set[str] = set()
+
+    def __repr__(self) -> str:
+        return repr(self.retrier)
+
+    def statistics(self) -> LimiterStatistics:
+        return self.retrier.statistics()
+
+    async def open(self, url: str, fetch_url: str) -> HttpBlob:
+        """Open the file ``url``, found at ``fetch_url``, pinned to its current version.
+
+        Raises:
+            ReadError: every attempt failed.
+            SourceError: the file cannot be read (missing, denied, size unknown, ...).
+        """
+        return await self.retrier.run(url, 0, PROBE_SIZE, lambda: self._probe(url, fetch_url))
+
+    async def _probe(self, url: str, fetch_url: str) -> HttpBlob:
+        transport = self.transport
+        headers = {"Range": f"bytes=0-{PROBE_SIZE - 1}"}
+        try:
+            response = await transport.get(url, fetch_url, headers)
+            async with response:
+                if response.status == 416:
+                    return HttpBlob(
+                        transport, self.retrier, url, fetch_url, 0, None, None, b"", True
+                    )
+                await transport.check_status(url, response, None)
+                check_encoding(url, response.headers)
+                size, ranged = size_of(url, response.status, response.headers)
+                expected = min(size, PROBE_SIZE)
+                head = await response.content.read(expected) if expected else b""
+                while len(head) < expected:
+                    more = await response.content.read(expected - len(head))
+                    if not more:
+                        raise RetryableError(f"body ended after {len(head)} of {expected} bytes")
+                    head += more
+                final = str(response.url)
+                etag = strong_etag(response.headers.get("ETag"))
+                modified = response.headers.get("Last-Modified")
+        except transport_errors() as exc:
+            raise retryable(exc) from exc
+        if not ranged:
+            self._warn_once(
+                urlparse(url).netloc,
+                f"{url}: the server ignores Range requests, so this file is read as one "
+                "sequential stream (no parallel reads); serve it from a server that supports "
+                "Range for full speed",
+            )
+        return HttpBlob(transport, self.retrier, url, final, size, etag, modified, head, ranged)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning("%s", message)
+
+    async def aclose(self) -> None:
+        """Close the connections; idempotent."""
+        await self.transport.aclose()

@@ -1,0 +1,126 @@
+"""Benchmark aioloader against other ways of getting safetensors weights into memory.
+
+What is measured
+----------------
+The wall-clock time to turn a checkpoint on local disk, or served over HTTP or
+S3, into tensors that sit in host memory owned by the caller, the peak resident
+memory it took, and the CPU time it cost. Speeds are in GB/s (10**9 bytes of
+tensor data per second); memory is in GiB; CPU is user + system seconds of the
+worker process and its children per GB.
+
+Tools (each is one way of doing the same job):
+
+* ``aioloader``   -- ``aioloader.load_model(path)`` under uvloop when it is installed.
+* ``safetensors`` -- ``safetensors.torch.load_file`` on every shard, each tensor
+  cloned out of the file mapping it returns (see ``_prepare_safetensors``).
+* ``runai``       -- runai-model-streamer's ``SafetensorsStreamer``.
+* ``preadv``      -- the reference for a warm cache: two threads doing ``os.preadv``
+  of 8 MiB into one fresh numpy array, with no parsing at all.
+* ``fio``         -- the reference for a cold cache: one sequential ``fio`` job
+  (libaio, queue depth 32, O_DIRECT) over the same files; cold scenarios only,
+  since warm it would only measure fio's own buffers.
+* ``safetensors-pread`` -- on request only: ``load_file(..., backend="pread")``.
+* ``direct``      -- on request, cold only: the disk as a plain reader with
+  aioloader's request shape sees it: 16 threads doing ``O_DIRECT`` ``preadv`` of
+  16 MiB into fresh NumPy memory (huge pages), no parsing.
+* ``direct-4k``   -- the same into memory that may not use huge pages
+  (``MADV_NOHUGEPAGE``): each request then carries at most the block queue's
+  ``max_segments`` 4 KiB pages. Side by side with ``direct`` it shows how much
+  of a virtual disk's speed is set by the size of each request.
+* ``curl``        -- the reference over HTTP: one ``curl`` downloading the files
+  one after the other over one connection into ``/dev/null``.
+* ``s5cmd``       -- the reference over S3: one ``s5cmd run`` that runs ``cat`` on
+  every object at once into ``/dev/null``, each in parallel ranged parts.
+
+The two local references are called the "ceiling" in the tables. They are
+simple, not optimal: a loader with more reads in flight can beat them, and a
+ratio above 1 says so rather than that something is wrong. Over HTTP and S3,
+aioloader is compared with curl and s5cmd instead, which only download.
+
+Scenarios: a Llama-shaped sharded model and a file holding a single 2 GiB
+tensor, each with the files in the page cache (``*-warm``) and evicted from
+it before every run (``*-cold``), and the same files served on loopback by an
+nginx the script starts itself (installed with apt-get when missing), warm in
+the server's page cache: as plain HTTP (``*-http``: aioloader is given the
+model's ``model.safetensors.index.json`` URL) and as a path-style S3 endpoint
+(``*-s3``: ``s3://bench/<path>`` is ``http://127.0.0.1:PORT/bench/<path>``;
+aioloader is given the shards' URLs, since nginx cannot list a bucket). nginx
+ignores the SigV4 signature, which costs the clients all the same. The remote
+scenarios measure the client: nginx's own CPU is not in the CPU column.
+Tools per scenario: the local ones; ``aioloader`` and ``curl`` over HTTP;
+``aioloader``, ``s5cmd`` and ``runai`` over S3.
+
+On request, ``model-cache`` measures the node-local cache (``aioloader.cache``):
+the model over HTTP by its index URL, loaded three ways side by side, each with
+``aioloader.load_model``:
+
+* ``cold-remote`` -- ``cache_dir=False``: streamed from nginx, no cache;
+* ``warm-cache``  -- ``cache_dir`` a cache filled once before the timed runs (by
+  an untimed worker running ``ModelCache(dir).fetch(url)``) and read again
+  before each run so that it is in the page cache, as on a node whose daemon
+  preloaded the model: the load reads the local copy (after asking nginx for
+  each file's size and ETag);
+* ``populate``    -- ``cache_dir`` a fresh, empty folder per run: a cold load
+  that writes the cache as it streams (and fsyncs it), the cost of teeing.
+
+Its cache folders are made in a temporary folder in ``--out`` and removed at
+the end. Its headline is ``warm-cache / cold-remote``.
+
+Why it is built this way
+------------------------
+* Every run is a fresh subprocess (``--worker TOOL PATH``), so the peak RSS
+  is that tool's alone and no tool inherits another's allocator state.
+* torch and the tool's own modules are imported before the clock starts;
+  importing torch takes seconds and is not load time.
+* The VMs this runs on hand freed memory back to their host, and memory
+  touched for the first time then fills at about 1 GB/s. Each worker therefore
+  touches and frees a buffer the size of the data just before the clock
+  starts, identically for every tool, and resets its peak-RSS counter after.
+* Tools are interleaved (for each repetition, every tool once, starting one
+  tool later each time) so that drift over the session and the aftermath of
+  the previous run hit them all alike; the median and the best are reported.
+* The cold cache is made with ``posix_fadvise(POSIX_FADV_DONTNEED)`` per file
+  (dropping the system's caches would need root and disturb the whole
+  machine), checked with ``fincore`` when util-linux provides it.
+* CPU time is ``getrusage`` of the worker itself plus its waited-for children
+  (curl, s5cmd, fio), taken around the timed load: a loader's threads count,
+  the server does not.
+
+Usage::
+
+    python scripts/bench.py                    # 3 GiB model, 3 repetitions, default scenarios
+    python scripts/bench.py --quick            # smoke run: 1 GiB model, 1 repetition
+    python scripts/bench.py --scenarios model-warm --tools aioloader preadv --json out.json
+    python scripts/bench.py --scenarios model-s3 one-tensor-s3   # remote scenarios only
+    python scripts/bench.py --skip-remote      # local scenarios only: no nginx
+    python scripts/bench.py --scenarios model-cache   # cold remote vs the local cache
+
+Test data is generated once into ``--out`` (default ``bench-data/``, ignored by
+git) and reused while its files have the expected sizes.
+
+Layout
+------
+``config`` (units and settings), ``scenarios`` (the names of tools and scenarios),
+``data`` (the test data), ``tools/`` (one module per family of tools), ``worker`` (one
+timed load), ``pagecache`` (warm and cold), ``runner`` (a scenario's runs), ``stats``
+and ``report`` (the numbers and the tables), ``machine`` (what it runs on), ``nginx``
+(the server of the remote scenarios), ``cli`` (the command line). ``scripts/bench.py``
+runs ``cli.main``, and so does ``python -m scripts.bench`` from the repository root.
+"""
+
+from __future__ import annotations
+
+from .cli import main
+from .config import FILL_BLOCK
+from .data import Dataset, index_json, is_complete, model_dataset, write_safetensors
+
+# What scripts/gpu_check.py uses (``import bench`` with scripts/ on sys.path), and main.
+__all__ = [
+    "FILL_BLOCK",
+    "Dataset",
+    "index_json",
+    "is_complete",
+    "main",
+    "model_dataset",
+    "write_safetensors",
+]

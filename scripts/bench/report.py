@@ -1,0 +1,100 @@
+"""A scenario's numbers, and the table they are printed as."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .config import GiB
+from .data import Dataset
+from .scenarios import ceiling_of, is_remote, ours_of
+from .stats import ToolResult, paired_ratio, ratio
+
+
+def summarize(scenario: str, dataset: Dataset, results: dict[str, ToolResult]) -> dict[str, Any]:
+    """The table's numbers; "aioloader" in the keys stands for ``ours`` (see ``ours_of``)."""
+    ours = results.get(ours_of(scenario))
+    ours_median = ours.median if ours else None
+    ceiling = results.get(ceiling_of(scenario))
+    ceiling_median = ceiling.median if ceiling else None
+    tools = {
+        tool: {
+            "median_gbps": r.median,
+            "best_gbps": r.best,
+            "peak_rss_gib": r.peak_rss / GiB if r.peak_rss is not None else None,
+            "cpu_s_per_gb": r.cpu_per_gb,
+            "aioloader_over_tool": ratio(ours_median, r.median),
+            "tool_over_ceiling": ratio(r.median, ceiling_median),
+            "paired": (None if ours is None or r is ours else paired_ratio(ours, r)),
+            "runs": r.runs,
+            "errors": r.errors,
+        }
+        for tool, r in results.items()
+    }
+    return {
+        "dataset": str(dataset.target),
+        "files": len(dataset.files),
+        "tensor_bytes": dataset.tensor_bytes,
+        "ceiling": ceiling_of(scenario),
+        "ours": ours_of(scenario),
+        "aioloader_over_ceiling": ratio(ours_median, ceiling_median),
+        "tools": tools,
+    }
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+COLUMNS = (  # (heading, summary key); every value is printed with two decimals
+    ("median GB/s", "median_gbps"),
+    ("best GB/s", "best_gbps"),
+    ("peak RSS GiB", "peak_rss_gib"),
+    ("CPU s/GB", "cpu_s_per_gb"),
+    ("{ours}/tool", "aioloader_over_tool"),
+    ("tool/{ceiling}", "tool_over_ceiling"),
+)
+
+CPU_NOTE = (
+    "CPU s/GB: user+sys CPU seconds per 10^9 bytes of the worker process and its children"
+    " (curl, s5cmd, fio), median"
+)
+
+SERVER_NOTE = "the server (nginx) is not measured: its CPU is not in CPU s/GB"
+
+
+def format_table(scenario: str, summary: dict[str, Any]) -> str:
+    size = summary["tensor_bytes"] / GiB
+    names = {"ceiling": summary["ceiling"], "ours": summary["ours"]}
+    headings = [heading.format(**names) for heading, _ in COLUMNS]
+    widths = [len(heading) + 1 for heading in headings]
+
+    def row(name: str, cells: Sequence[str]) -> str:
+        return f"{name:<12}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=False))
+
+    lines = [
+        f"{scenario}  ({size:.2f} GiB of tensors in {summary['files']} file(s))",
+        row("tool", headings),
+    ]
+    for tool, values in summary["tools"].items():
+        cells = [_cell(values[key], ".2f") for _, key in COLUMNS]
+        lines.append(row(tool, ["failed"] if values["median_gbps"] is None else cells))
+    paired = [
+        f"{tool} {p[0]:.2f} [{p[1]:.2f}, {p[2]:.2f}]"
+        for tool, values in summary["tools"].items()
+        if (p := values.get("paired")) is not None
+    ]
+    if paired:
+        rounds = max(
+            values["paired"][3] for values in summary["tools"].values() if values.get("paired")
+        )
+        lines.append(
+            f"{summary['ours']}/tool round by round over {rounds} rounds"
+            f" (geometric mean [95% interval]): " + "; ".join(paired)
+        )
+    over = _cell(summary["aioloader_over_ceiling"], ".2f")
+    if is_remote(scenario):
+        lines.append(f"{summary['ours']} / {summary['ceiling']}: {over}  ({SERVER_NOTE})")
+    else:
+        lines.append(f"aioloader / ceiling ({summary['ceiling']}): {over}")
+    return "\n".join(lines)

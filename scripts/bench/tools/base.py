@@ -1,0 +1,71 @@
+"""What every tool returns, and the two loaders that are tools both locally and remotely."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Loaded:
+    """What a tool produced: kept alive past the clock so freeing it is not timed."""
+
+    keep: Any
+    nbytes: int
+    seconds: float | None = None  # set by tools that time themselves (fio)
+    in_process: bool = True  # False where a child process does the work (fio): no peak RSS
+    cache: dict[str, int] | None = None  # the cache's counters (model-cache), once loaded
+
+
+Prepared = Callable[[], Loaded]
+
+
+def tensor_bytes(tensors: dict[str, Any]) -> int:
+    return sum(t.nbytes for t in tensors.values())
+
+
+def event_loop_runner() -> Callable[[Any], Any]:
+    """``uvloop.run`` when uvloop is installed, else ``asyncio.run``."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    run: Callable[[Any], Any] = uvloop.run
+    return run
+
+
+def aioloader_load(target: str | list[str]) -> Prepared:
+    """``aioloader.load_model(target)``: a path or URL, or a list of files."""
+    import aioloader
+
+    run = event_loop_runner()
+
+    def load() -> Loaded:
+        tensors = run(aioloader.load_model(target))
+        return Loaded(tensors, tensor_bytes(tensors))
+
+    return load
+
+
+def runai_load(files: list[str]) -> Prepared:
+    """runai's ``SafetensorsStreamer`` over the files: paths or ``s3://`` URLs."""
+    import inspect
+
+    from runai_model_streamer import SafetensorsStreamer
+
+    # Before 0.17 the streamer yielded views of buffers it reuses, so a kept
+    # tensor had to be cloned. Since then stream_files(owned=True), the default,
+    # hands each buffer to the caller; cloning then would only add a copy.
+    clone = "owned" not in inspect.signature(SafetensorsStreamer.stream_files).parameters
+
+    def load() -> Loaded:
+        tensors: dict[str, Any] = {}
+        with SafetensorsStreamer() as streamer:
+            streamer.stream_files(files)
+            for name, tensor in streamer.get_tensors():
+                tensors[name] = tensor.clone() if clone else tensor
+        return Loaded(tensors, tensor_bytes(tensors))
+
+    return load

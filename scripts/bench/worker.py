@@ -1,0 +1,99 @@
+"""One timed load in a fresh process (``--worker TOOL PATH``), printed as JSON."""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import KiB
+from .tools.base import Prepared
+from .tools.cache import CACHE_PREPARE
+from .tools.local import PREPARE
+from .tools.remote import REMOTE_PREPARE, remote_job
+
+
+def safetensors_files(target: Path) -> list[Path]:
+    return sorted(target.glob("*.safetensors")) if target.is_dir() else [target]
+
+
+def proc_status(field_name: str) -> int:
+    """A ``kB`` field of /proc/self/status, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * KiB
+    raise KeyError(field_name)
+
+
+def reset_peak_rss() -> bool:
+    """Set VmHWM back to the current RSS (Linux 4.0+); False where that is refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def prefault(nbytes: int) -> None:
+    """Touch, then free, ``nbytes`` of fresh memory: see the module docstring."""
+    import numpy as np
+
+    buffer = np.ones(nbytes, np.uint8)
+    del buffer
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process, all its threads, and its waited-for children."""
+    user = system = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        user, system = user + usage.ru_utime, system + usage.ru_stime
+    return user, system
+
+
+def prepare(
+    tool: str, target: Path, files: list[Path], url: str | None, cache_dir: Path | None = None
+) -> Prepared:
+    """The tool's load of ``target``: from disk, or from ``url`` where nginx serves it.
+
+    The model-cache tools read through the cache in ``cache_dir`` (none: no cache).
+    """
+    if url is None:
+        return PREPARE[tool](target, files)
+    job = remote_job(target, files, url)
+    if tool in CACHE_PREPARE:
+        return CACHE_PREPARE[tool](job, cache_dir)
+    return REMOTE_PREPARE[tool](job)
+
+
+def worker(
+    tool: str, target: Path, url: str | None = None, cache_dir: Path | None = None
+) -> dict[str, Any]:
+    """One timed load; every tool imports torch first, so all start from the same process."""
+    import torch  # noqa: F401  (seconds to import, and not load time)
+
+    files = safetensors_files(target)
+    load = prepare(tool, target, files, url, cache_dir)
+    prefault(sum(p.stat().st_size for p in files))
+    rss_reset = reset_peak_rss()
+    rss_before = proc_status("VmRSS")
+    user, system = cpu_seconds()
+    start = time.perf_counter()
+    loaded = load()
+    seconds = time.perf_counter() - start
+    user_after, system_after = cpu_seconds()
+    return {
+        "tool": tool,
+        "bytes": loaded.nbytes,
+        "seconds": loaded.seconds if loaded.seconds is not None else seconds,
+        "wall_seconds": seconds,
+        "cpu_user": user_after - user,
+        "cpu_system": system_after - system,
+        "rss_before": rss_before,
+        "peak_rss": proc_status("VmHWM") if loaded.in_process else None,
+        "peak_rss_reset": rss_reset,
+        "cache": loaded.cache,
+    }
