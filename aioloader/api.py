@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -24,10 +23,9 @@ from .safetensors import FileHeader
 from .sources.auto import scheme_of, source_for
 from .sources.base import Source
 from .staging import ByteBudget
+from .stream import StreamStatistics, TensorStream
 
 __all__ = ["Loader", "ModelInfo", "StreamStatistics", "TensorStream", "inspect_model", "load_model"]
-
-_DONE = object()
 
 URL = str | Sequence[str]
 CacheDir = str | os.PathLike[str] | ModelCache | Literal[False] | None
@@ -53,16 +51,6 @@ def _display(url: URL) -> str:
 
 
 @dataclass(frozen=True)
-class StreamStatistics:
-    """Progress of one stream."""
-
-    bytes_total: int
-    bytes_done: int
-    tensors_total: int
-    tensors_done: int
-
-
-@dataclass(frozen=True)
 class ModelInfo:
     """What a model holds, from its headers alone (no tensor bytes read).
 
@@ -83,109 +71,6 @@ class ModelInfo:
         for header in self.headers:
             merged.update(header.metadata)
         return merged
-
-
-class TensorStream:
-    """An async iterator of ``(name, tensor)`` in the order tensors complete.
-
-    Use it as ``async with loader.stream(url) as stream: async for name, t in stream``.
-    Leaving the block (or ``aclose()``) before the end stops every reader. Each
-    tensor handed out belongs to the caller: the loader never writes to it again.
-
-    Attributes:
-        report: the LoadReport, once the stream is exhausted.
-        metadata: the merged ``__metadata__``, once the headers have been read.
-    """
-
-    def __init__(self, loader: Loader, url: URL, selection: Selection) -> None:
-        self._loader = loader
-        self._url = url
-        self._selection = selection
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._task: asyncio.Task[LoadReport] | None = None
-        self._progress = Progress()
-        self._closed = False
-        self.report: LoadReport | None = None
-        self.metadata: dict[str, str] | None = None
-
-    def __repr__(self) -> str:
-        p = self._progress
-        state = "closed" if self._closed else "running" if self._task else "new"
-        return (
-            f"<TensorStream {_display(self._url)!r} {state} "
-            f"tensors={p.tensors_done}/{p.tensors_total} bytes={p.bytes_done}/{p.bytes_total}>"
-        )
-
-    def statistics(self) -> StreamStatistics:
-        p = self._progress
-        return StreamStatistics(p.bytes_total, p.bytes_done, p.tensors_total, p.tensors_done)
-
-    def _start(self) -> None:
-        if self._closed:
-            raise ClosedError(f"this stream of {_display(self._url)} is closed")
-        if self._task is not None:
-            return
-        self._task = asyncio.get_running_loop().create_task(
-            self._loader._run(self._url, self._selection, self._emit, self._progress, self._meta),
-            name=f"aioloader load {_display(self._url)}",
-        )
-        self._task.add_done_callback(lambda _: self._queue.put_nowait(_DONE))
-
-    def _emit(self, name: str, tensor: Any) -> None:
-        self._queue.put_nowait((name, tensor))
-
-    def _meta(self, metadata: dict[str, str]) -> None:
-        self.metadata = metadata
-
-    async def __aenter__(self) -> TensorStream:
-        self._start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def __aiter__(self) -> TensorStream:
-        return self
-
-    async def __anext__(self) -> tuple[str, Any]:
-        self._start()
-        item = await self._queue.get()
-        if item is _DONE:
-            assert self._task is not None
-            self._closed = True
-            self._loader._streams.discard(self)
-            self.report = self._task.result()
-            raise StopAsyncIteration
-        return item  # type: ignore[no-any-return]
-
-    async def aclose(self) -> None:
-        """Stop the load (if still running) and release everything it held; idempotent."""
-        self._closed = True
-        self._loader._streams.discard(self)
-        task = self._task
-        if task is None:
-            return
-        if not task.done():
-            task.cancel()
-        try:
-            await asyncio.wait([task])
-        finally:
-            if task.done() and not task.cancelled():
-                task.exception()  # an error nobody iterated to is not re-raised here
-
-    def __del__(self, _warn: Any = warnings.warn) -> None:
-        task = self._task
-        if task is not None and not task.done():
-            _warn(
-                f"{self!r} was never closed; use `async with loader.stream(...)`",
-                ResourceWarning,
-                stacklevel=1,
-            )
 
 
 class Loader:
@@ -310,7 +195,11 @@ class Loader:
             A TensorStream; use it with ``async with``.
         """
         self._check_open()
-        stream = TensorStream(self, url, tensors)
+        stream = TensorStream(
+            _display(url),
+            lambda emit, progress, meta: self._run(url, tensors, emit, progress, meta),
+            self._streams.discard,
+        )
         self._streams.add(stream)
         return stream
 

@@ -24,24 +24,19 @@ import json
 import os
 import secrets
 import stat
-import threading
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..errors import CacheError
-from .checksum import DigestMismatch, PrefixHash, Published
 from .paths import check_dirs, make_dirs, open_file
-from .ranges import RangeSet
 
 __all__ = [
     "EntryFiles",
     "Meta",
-    "PartialFile",
     "Version",
     "cache_error",
-    "clip",
+    "fsync_dir",
     "key_of",
     "no_room",
     "read_meta",
@@ -259,208 +254,9 @@ def write_meta(files: EntryFiles, meta: Meta) -> None:
         raise
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def clip(buffers: Sequence[memoryview], limit: int) -> list[memoryview]:
-    """The buffers as bytes, cut to ``limit`` bytes: plans may reach past the end of a file."""
-    out = []
-    for buffer in buffers:
-        if limit <= 0:
-            break
-        view = buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
-        out.append(view[:limit])
-        limit -= view.nbytes
-    return out
-
-
-def _read_journal(path: Path, size: int) -> RangeSet:
-    ranges = RangeSet()
-    try:
-        fd = open_file(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return ranges
-    with open(fd, "rb") as fh:
-        text = fh.read().decode(errors="replace")
-    for line in text.splitlines():
-        parts = line.split()
-        # A torn last line (crash mid-append) is ignored: those bytes are fetched again.
-        if len(parts) == 2 and all(p.isdigit() for p in parts):
-            start, end = int(parts[0]), int(parts[1])
-            if 0 <= start < end <= size:
-                ranges.add(start, end)
-    return ranges
-
-
-class PartialFile:
-    """``data.partial`` and its journal, open for writing by the holder of ``lock``.
-
-    Use ``PartialFile.open`` (resumes a matching partial download, or starts a new
-    one), then ``write`` ranges, then ``complete`` or ``close``. Writes also feed
-    the entry's checksum (see checksum.py).
-    """
-
-    def __init__(
-        self,
-        files: EntryFiles,
-        meta: Meta,
-        done: RangeSet,
-        fd: int,
-        journal: int,
-        published: Published | None = None,
-    ) -> None:
-        self.files = files
-        self.meta = meta
-        self.done = done
-        self._fd: int | None = fd
-        self._journal = journal
-        self._published = published
-        self._digest = PrefixHash(published=published)
-        # Threads write different ranges at once; the range set is shared.
-        self._lock = threading.Lock()
-
-    @property
-    def size(self) -> int:
-        return self.meta.size
-
-    @classmethod
-    def open(
-        cls, files: EntryFiles, url: str, version: Version, *, published: Published | None = None
-    ) -> PartialFile:
-        """Resume the partial download of ``version``, or start one from nothing.
-
-        Args:
-            published: a digest the server published for the file; ``complete``
-                refuses bytes that do not match it.
-
-        Raises:
-            OSError: the disk is full or the folder not writable (the caller translates).
-            CacheError: a symbolic link was planted in the entry.
-        """
-        files.make()
-        meta = read_meta(files)
-        resumable = (
-            meta is not None
-            and not meta.complete
-            and version.matches(meta)
-            and meta.boot_id == BOOT_ID
-            and regular_size(files.partial) == version.size
-        )
-        fd = journal = -1
-        try:
-            if resumable and meta is not None:
-                done = _read_journal(files.journal, version.size)
-                fd = open_file(files.partial, os.O_RDWR)
-            else:
-                files.discard()
-                meta = Meta.new(url, version)
-                done = RangeSet()
-                fd = open_file(files.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-                _preallocate(fd, version.size)
-                write_meta(files, meta)
-            journal = open_file(files.journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        except BaseException:
-            for opened in (fd, journal):
-                if opened >= 0:
-                    os.close(opened)
-            if not resumable:
-                files.discard()  # nothing half made stays behind
-            raise
-        return cls(files, meta, done, fd, journal, published)
-
-    def _require(self) -> int:
-        if self._fd is None:
-            raise ValueError(f"{self.files.partial} is closed")
-        return self._fd
-
-    def _present(self) -> int:
-        with self._lock:
-            return min(self.done.prefix(), self.size)
-
-    def write(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        """Write the bytes of ``buffers`` at ``offset``, journal the range, hash on."""
-        fd = self._require()
-        position = offset
-        for view in clip(buffers, self.size - offset):
-            written = 0
-            while written < view.nbytes:
-                written += os.pwrite(fd, view[written:], position + written)
-            position += view.nbytes
-        if position > offset:
-            with self._lock:
-                os.write(self._journal, f"{offset} {position}\n".encode())
-                self.done.add(offset, position)
-            # The bytes just written are in the page cache: hash them now, not at the end.
-            self._digest.advance(fd, self._present)
-
-    def read(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        """Fill ``buffers`` from bytes already written (see ``done``)."""
-        fd = self._require()
-        position = offset
-        for view in clip(buffers, self.size - offset):
-            got = 0
-            while got < view.nbytes:
-                n = os.preadv(fd, [view[got:]], position + got)
-                if n == 0:
-                    raise EOFError(position + got)
-                got += n
-            position += view.nbytes
-
-    def covers(self, start: int, end: int) -> bool:
-        with self._lock:
-            return self.done.covers(start, min(end, self.size))
-
-    @property
-    def finished(self) -> bool:
-        return self.covers(0, self.size)
-
-    def complete(self) -> Meta:
-        """Make the entry complete: hash the rest, fsync, rename to ``data``, mark it.
-
-        Raises:
-            DigestMismatch: the bytes do not match the digest the server published; the
-                entry is left as it was (the caller discards it).
-            OSError: as the file system reports.
-        """
-        fd = self._require()
-        if not self.finished:
-            raise ValueError(f"{self.files.partial} is not complete yet")
-        self._digest.advance(fd, lambda: self.size, wait=True)
-        actual = self._digest.published_form()
-        if self._published is not None and actual != self._published.value:
-            raise DigestMismatch(self._published, actual or "")
-        os.fsync(fd)
-        os.replace(self.files.partial, self.files.data)
-        _fsync_dir(self.files.dir)
-        now = time.time()
-        self.meta = replace(
-            self.meta, complete=True, last_used=now, checksum=self._digest.checksum()
-        )
-        write_meta(self.files, self.meta)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.files.journal)
-        self.close()
-        return self.meta
-
-    def close(self) -> None:
-        """Close the files; the partial download stays resumable. Idempotent."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-            os.close(self._journal)
-
-
-def _preallocate(fd: int, size: int) -> None:
-    if size <= 0:
-        return
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-        os.ftruncate(fd, size)

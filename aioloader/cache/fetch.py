@@ -21,8 +21,9 @@ from ..errors import CacheError
 from ..sources.base import Blob, Source, aclose_all
 from ..tasks import gather
 from .checksum import DigestMismatch, Published, md5_of_etag
-from .entry import EntryFiles, PartialFile, Version, cache_error
+from .entry import EntryFiles, Version, cache_error
 from .locks import acquire
+from .partial import PartialFile
 from .ranges import split
 from .shelf import Shelf
 

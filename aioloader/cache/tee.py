@@ -33,9 +33,10 @@ from .._threads import run_blocking
 from ..errors import CacheError, ClosedError
 from ..sources.base import Blob, Source, aclose_all
 from ..sources.file import FileSource
-from .entry import EntryFiles, PartialFile, Version, cache_error, clip, no_room
+from .entry import EntryFiles, Version, cache_error, no_room
 from .fetch import version_of
 from .locks import FileLock, acquire, try_acquire_async
+from .partial import PartialFile, clip
 from .shelf import Shelf
 
 __all__ = ["CachingSource"]
