@@ -12,6 +12,7 @@ from typing import Any
 from .errors import ClosedError
 from .pipeline import Progress
 from .report import LoadReport
+from .tasks import first_error
 
 __all__ = ["Run", "StreamStatistics", "TensorStream"]
 
@@ -54,6 +55,7 @@ class TensorStream:
         self._task: asyncio.Task[LoadReport] | None = None
         self._progress = Progress()
         self._closed = False
+        self._group: asyncio.TaskGroup | None = None
         self.report: LoadReport | None = None
         self.metadata: dict[str, str] | None = None
 
@@ -74,10 +76,12 @@ class TensorStream:
             raise ClosedError(f"this stream of {self._name} is closed")
         if self._task is not None:
             return
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(self._emit, self._progress, self._meta),
-            name=f"aioloader load {self._name}",
-        )
+        coro = self._run(self._emit, self._progress, self._meta)
+        name = f"aioloader load {self._name}"
+        if self._group is not None:
+            self._task = self._group.create_task(coro, name=name)
+        else:  # iterated without ``async with``: aclose() (or the Loader's) ends it
+            self._task = asyncio.get_running_loop().create_task(coro, name=name)
         self._task.add_done_callback(lambda _: self._queue.put_nowait(_DONE))
 
     def _emit(self, name: str, tensor: Any) -> None:
@@ -87,7 +91,17 @@ class TensorStream:
         self.metadata = metadata
 
     async def __aenter__(self) -> TensorStream:
-        self._start()
+        # The load runs as a task of a TaskGroup that this block owns: if the load
+        # fails, the block is interrupted at once, and it never outlives the block.
+        group = asyncio.TaskGroup()
+        await group.__aenter__()
+        self._group = group
+        try:
+            self._start()
+        except BaseException as exc:
+            self._group = None
+            await group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     async def __aexit__(
@@ -95,8 +109,19 @@ class TensorStream:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
+    ) -> bool:
         await self.aclose()
+        group, self._group = self._group, None
+        if group is None:
+            return False
+        try:
+            await group.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as eg:
+            if exc is not None and eg.exceptions == (exc,):
+                return False  # the block's own error, as it was raised
+            error = first_error(eg)
+            raise error from error.__cause__
+        return False
 
     def __aiter__(self) -> TensorStream:
         return self

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +184,26 @@ async def test_real_minilm_weights() -> None:
     got = await load_model(str(path.parent))
     assert len(got) > 100
     assert_matches_files(got, path)
+
+
+async def test_a_failing_load_interrupts_its_block(tmp_path: Path) -> None:
+    """The stream's load runs in a TaskGroup owned by the ``async with`` block: when it
+    fails, the block is interrupted with its error at once, whatever it is awaiting."""
+    path = write_file(tmp_path / "m.safetensors", random_tensors())
+    os.truncate(path, path.stat().st_size - 100)  # the last tensor is cut short
+    started = time.monotonic()
+    async with Loader() as loader:
+        with pytest.raises(aioloader.FormatError, match=r"m\.safetensors"):
+            async with loader.stream(str(path)):
+                await asyncio.sleep(30)  # never iterates: only the group can end this
+    assert time.monotonic() - started < 10
+
+
+async def test_an_error_in_the_block_propagates_as_it_is(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "m.safetensors", random_tensors())
+    async with Loader() as loader:
+        with pytest.raises(ValueError, match="mine"):
+            async with loader.stream(str(path)) as stream:
+                async for _ in stream:
+                    raise ValueError("mine")
+        assert loader.statistics()["budget"].used == 0

@@ -21,6 +21,7 @@ from ..errors import CacheError
 from ..sources.base import Blob, Source, aclose_all
 from ..tasks import gather
 from .checksum import DigestMismatch, Published, md5_of_etag
+from .claim import claim
 from .entry import EntryFiles, Version, cache_error
 from .locks import acquire
 from .partial import PartialFile
@@ -139,23 +140,20 @@ class Fetcher:
                 "%s: the server sends neither ETag nor Last-Modified, so a cached copy cannot "
                 "be checked and is downloaded again", url,
             )  # fmt: skip
-        meta = await self._blocking(lambda: files.complete_for(version), url, "checking")
-        if meta is not None and await self._touch(files, version):
-            cache.record(hit=True)
-            self.meter.add(version.size)
-            return 0
-        await self._blocking(files.make, url, "creating the entry of")
-        try:
-            lock = await acquire(files.lock, exclusive=True)
-        except OSError as exc:
-            raise cache_error(exc, cache.root, f"locking {url}") from exc
-        try:
-            # Another process may have completed it while this one waited.
+        while True:
             meta = await self._blocking(lambda: files.complete_for(version), url, "checking")
             if meta is not None and await self._touch(files, version):
                 cache.record(hit=True)
                 self.meter.add(version.size)
                 return 0
+            try:
+                lock = await claim(files, version, self.executor)
+            except OSError as exc:
+                raise cache_error(exc, cache.root, f"locking {url}") from exc
+            if lock is not None:
+                break
+            # Another process completed it while this one waited: use that copy.
+        try:
             await cache.make_room(files, version.size, self.exclude)
             published = await self._published(url, version)
             partial: PartialFile = await self._blocking(

@@ -33,9 +33,10 @@ from .._threads import run_blocking
 from ..errors import CacheError, ClosedError
 from ..sources.base import Blob, Source, aclose_all
 from ..sources.file import FileSource
+from .claim import claim
 from .entry import EntryFiles, Version, cache_error, no_room
 from .fetch import version_of
-from .locks import FileLock, acquire, try_acquire_async
+from .locks import FileLock, acquire
 from .partial import PartialFile, clip
 from .shelf import Shelf
 
@@ -257,7 +258,7 @@ class CachingSource(Source):
             if local is not None:
                 return local
             try:
-                lock = await self._lock(url, files, version)
+                lock = await claim(files, version, self._pool())
             except OSError as exc:
                 if not no_room(exc):
                     raise cache_error(exc, self.cache.root, f"locking {url}") from exc
@@ -308,29 +309,6 @@ class CachingSource(Source):
             if not no_room(exc):
                 raise cache_error(exc, self.cache.root, f"holding {url}") from exc
             return None
-
-    async def _lock(self, url: str, files: EntryFiles, version: Version) -> FileLock | None:
-        """The entry's download lock; None when another process completed it meanwhile.
-
-        Raises:
-            OSError: the entry cannot be created or locked.
-        """
-        await run_blocking(self._pool(), files.make)
-        lock = await try_acquire_async(files.lock, exclusive=True, executor=self._pool())
-        if lock is not None:
-            return lock
-        # Another process is downloading this file: wait for it to finish rather
-        # than download the same bytes twice, then read its copy.
-        lock = await acquire(files.lock, exclusive=True)
-        try:
-            done = await run_blocking(self._pool(), lambda: files.complete_for(version))
-        except BaseException:
-            lock.release()
-            raise
-        if done:
-            lock.release()
-            return None
-        return lock
 
     async def _prepare(self, url: str, files: EntryFiles, version: Version) -> PartialFile | None:
         """The entry's partial file, under its lock; None when the cache has no room."""
