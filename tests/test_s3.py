@@ -454,3 +454,27 @@ async def test_fetch_checks_the_checksum_s3_publishes(
         f"matches the {algorithm.lower()} of the server's x-amz-checksum-{algorithm.lower()}"
         in (caplog.text)
     )
+
+
+async def test_sse_kms_etags_are_not_taken_for_md5s(s3_env: MotoS3Server, tmp_path: Path) -> None:
+    """Under SSE-KMS an S3 ETag has 32 hex digits but is not the MD5 of the bytes: a
+    fetch must not refuse the download for it."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    from aioloader import ModelCache
+
+    bucket = new_bucket()
+    path = write_file(tmp_path / "model.safetensors", big_tensors())
+    client = s3_env.client()
+    client.create_bucket(Bucket=bucket)
+    client.put_object(
+        Bucket=bucket, Key="m/model.safetensors", Body=path.read_bytes(),
+        ServerSideEncryption="aws:kms", SSEKMSKeyId="alias/models",
+    )  # fmt: skip
+    key = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].get_object(bucket, "m/model.safetensors")
+    key._etag = "0123456789abcdef0123456789abcdef"  # as S3 computes it under KMS: no MD5
+    key.checksum_algorithm = key.checksum_value = None  # uploaded without a checksum
+    model = await ModelCache(tmp_path / "cache").fetch(f"s3://{bucket}/m/model.safetensors")
+    assert isinstance(model.path, str)
+    assert_matches_files(await load_model(model.path), path)

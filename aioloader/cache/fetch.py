@@ -40,6 +40,13 @@ def version_of(blob: Blob) -> Version:
     return Version(blob.size, getattr(blob, "etag", None), getattr(blob, "last_modified", None))
 
 
+def _etag_is_not_a_digest(headers: Mapping[str, str]) -> bool:
+    """Whether S3 encrypted the object with SSE-KMS or SSE-C: its ETag then looks like
+    an MD5 but is not one of the bytes (SSE-S3 keeps MD5 ETags)."""
+    kms = headers.get("x-amz-server-side-encryption", "").lower().startswith("aws:kms")
+    return kms or "x-amz-server-side-encryption-customer-algorithm" in headers
+
+
 class Meter:
     """Bytes done across the files of one fetch, reported to a callback."""
 
@@ -181,7 +188,9 @@ class Fetcher:
             header = f"x-amz-checksum-{algorithm}"
             if header in checksums:
                 return Published(algorithm, checksums[header], header)
-        return md5_of_etag(version.etag) if self.cache.check_etag else None
+        if not self.cache.check_etag or _etag_is_not_a_digest(checksums):
+            return None
+        return md5_of_etag(version.etag)
 
     async def _complete(
         self, partial: PartialFile, url: str, version: Version, published: Published | None

@@ -49,7 +49,8 @@ class Source(ABC):
 
     async def object_checksums(self, url: str) -> dict[str, str]:
         """Digests of the whole object the storage publishes (header name -> value),
-        e.g. S3's ``x-amz-checksum-sha256``; empty where it publishes none."""
+        e.g. S3's ``x-amz-checksum-sha256``, and the headers that say whether its ETag
+        is a digest (S3's ``x-amz-server-side-encryption``); empty where it has none."""
         return {}
 
     @abstractmethod

@@ -78,8 +78,10 @@ class S3Source(Source):
 
     async def object_checksums(self, url: str) -> dict[str, str]:
         """The ``x-amz-checksum-*`` of an object uploaded with one (a HEAD in checksum
-        mode: ranged GETs never carry it). Composite checksums of multipart uploads
-        (``<digest>-<parts>``) are not digests of the bytes and are left out."""
+        mode: ranged GETs never carry it), and its ``x-amz-server-side-encryption*``
+        headers, which say whether its ETag can be an MD5 (not under SSE-KMS or SSE-C).
+        Composite checksums of multipart uploads (``<digest>-<parts>``) are not digests
+        of the bytes and are left out."""
         await self._signer.setup()
         fetch_url = self._object_url(url)
         return await self._store.retrier.run(
@@ -92,13 +94,16 @@ class S3Source(Source):
         try:
             async with await transport.send("HEAD", url, fetch_url, headers) as response:
                 await transport.check_status(url, response, None)
-                return {
-                    name.lower(): value
-                    for name, value in response.headers.items()
-                    if name.lower().startswith("x-amz-checksum-")
-                    and name.lower() != "x-amz-checksum-type"
-                    and "-" not in value
-                }
+                found = {}
+                for name, value in response.headers.items():
+                    name = name.lower()
+                    if name.startswith("x-amz-server-side-encryption") or (
+                        name.startswith("x-amz-checksum-")
+                        and name != "x-amz-checksum-type"
+                        and "-" not in value
+                    ):
+                        found[name] = value
+                return found
         except transport_errors() as exc:
             raise RetryableError(str(exc) or type(exc).__name__) from exc
 
