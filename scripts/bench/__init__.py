@@ -48,7 +48,12 @@ aioloader is given the shards' URLs, since nginx cannot list a bucket). nginx
 ignores the SigV4 signature, which costs the clients all the same. The remote
 scenarios measure the client: nginx's own CPU is not in the CPU column.
 Tools per scenario: the local ones; ``aioloader`` and ``curl`` over HTTP;
-``aioloader``, ``s5cmd`` and ``runai`` over S3.
+``aioloader``, ``s5cmd`` and ``runai`` over S3. ``small-warm`` is a one-file model
+of 87 MB (all-MiniLM-L6-v2's size) in the page cache: at that size what a load
+costs regardless of its bytes (threads, headers, allocation, first touch of fresh
+memory) shows next to its throughput. The "1st tensor s" column is the median time
+from the start of a load to its first usable tensor (aioloader and runai stream
+tensors; safetensors' first is its first clone).
 
 On request, ``model-cache`` measures the node-local cache (``aioloader.cache``):
 the model over HTTP by its index URL, loaded three ways side by side, each with

@@ -15,6 +15,7 @@ ENTRY = REPO_ROOT / "scripts" / "bench.py"
 
 SHARDS = 4
 ONE_TENSOR_SHAPE = (32768, 32768)  # BF16: 2 GiB
+SMALL_BYTES = 87 * 1000**2  # all-MiniLM-L6-v2's size: a load's fixed cost shows
 FILL_BLOCK = 64 * MiB
 VOCAB = 32000
 BF16 = 2  # bytes per element

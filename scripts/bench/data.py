@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import BF16, FILL_BLOCK, ONE_TENSOR_SHAPE, SHARDS, VOCAB, GiB
+from .config import BF16, FILL_BLOCK, ONE_TENSOR_SHAPE, SHARDS, SMALL_BYTES, VOCAB, GiB
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,14 @@ def model_dataset(out: Path, size_gib: float) -> Dataset:
     return Dataset("model", folder, files)
 
 
+def small_dataset(out: Path) -> Dataset:
+    """A small model in one file, the size of all-MiniLM-L6-v2 (87 MB): at this size a
+    load's fixed cost (threads, headers, allocation) shows next to its bytes."""
+    path = out / "small" / "model.safetensors"
+    plan = FilePlan(path, tuple(llama_tensors(SMALL_BYTES)))
+    return Dataset("small", path, (plan,))
+
+
 def one_tensor_dataset(out: Path) -> Dataset:
     path = out / "one-tensor" / "model.safetensors"
     plan = FilePlan(path, (TensorSpec("weight", ONE_TENSOR_SHAPE),))
@@ -196,7 +204,11 @@ def ensure_dataset(dataset: Dataset, block: Callable[[], bytes]) -> None:
 
 
 def prepare_data(out: Path, size_gib: float, names: set[str]) -> dict[str, Dataset]:
-    datasets = {"model": model_dataset(out, size_gib), "one-tensor": one_tensor_dataset(out)}
+    datasets = {
+        "model": model_dataset(out, size_gib),
+        "one-tensor": one_tensor_dataset(out),
+        "small": small_dataset(out),
+    }
     cache: list[bytes] = []
 
     def block() -> bytes:

@@ -21,6 +21,7 @@ def summarize(scenario: str, dataset: Dataset, results: dict[str, ToolResult]) -
         tool: {
             "median_gbps": r.median,
             "best_gbps": r.best,
+            "first_tensor_s": r.first_tensor,
             "peak_rss_gib": r.peak_rss / GiB if r.peak_rss is not None else None,
             "cpu_s_per_gb": r.cpu_per_gb,
             "aioloader_over_tool": ratio(ours_median, r.median),
@@ -49,6 +50,7 @@ def _cell(value: float | None, spec: str) -> str:
 COLUMNS = (  # (heading, summary key); every value is printed with two decimals
     ("median GB/s", "median_gbps"),
     ("best GB/s", "best_gbps"),
+    ("1st tensor s", "first_tensor_s"),
     ("peak RSS GiB", "peak_rss_gib"),
     ("CPU s/GB", "cpu_s_per_gb"),
     ("{ours}/tool", "aioloader_over_tool"),

@@ -10,7 +10,9 @@ EXTRA_TOOLS = ("safetensors-pread", "direct", "direct-4k")  # on request, with -
 # is its untimed worker that fills the cache the warm-cache runs read.
 CACHE_TOOLS = ("cold-remote", "warm-cache", "populate")
 CACHE_FILL = "fill"
-LOCAL_SCENARIOS = ("model-warm", "one-tensor-warm", "model-cold", "one-tensor-cold")
+LOCAL_SCENARIOS = (
+    "model-warm", "one-tensor-warm", "small-warm", "model-cold", "one-tensor-cold",
+)  # fmt: skip
 REMOTE_SCENARIOS = ("model-http", "one-tensor-http", "model-s3", "one-tensor-s3")
 CACHE_SCENARIOS = ("model-cache",)  # on request, with --scenarios
 DEFAULT_SCENARIOS = LOCAL_SCENARIOS + REMOTE_SCENARIOS

@@ -28,6 +28,12 @@ class ToolResult:
         return max(self.speeds()) if self.runs else None
 
     @property
+    def first_tensor(self) -> float | None:
+        """The median seconds from the start of a load to its first usable tensor."""
+        firsts = [r["first_tensor_seconds"] for r in self.runs if r.get("first_tensor_seconds")]
+        return statistics.median(firsts) if firsts else None
+
+    @property
     def peak_rss(self) -> int | None:
         return max((r["peak_rss"] for r in self.runs if r["peak_rss"] is not None), default=None)
 

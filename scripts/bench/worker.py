@@ -90,6 +90,7 @@ def worker(
         "bytes": loaded.nbytes,
         "seconds": loaded.seconds if loaded.seconds is not None else seconds,
         "wall_seconds": seconds,
+        "first_tensor_seconds": None if loaded.first is None else loaded.first - start,
         "cpu_user": user_after - user,
         "cpu_system": system_after - system,
         "rss_before": rss_before,

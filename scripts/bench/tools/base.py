@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ class Loaded:
     seconds: float | None = None  # set by tools that time themselves (fio)
     in_process: bool = True  # False where a child process does the work (fio): no peak RSS
     cache: dict[str, int] | None = None  # the cache's counters (model-cache), once loaded
+    first: float | None = None  # perf_counter() when the first tensor was usable, if known
 
 
 Prepared = Callable[[], Loaded]
@@ -36,15 +38,30 @@ def event_loop_runner() -> Callable[[Any], Any]:
     return run
 
 
-def aioloader_load(target: str | list[str]) -> Prepared:
-    """``aioloader.load_model(target)``: a path or URL, or a list of files."""
+async def stream_all(
+    target: str | list[str], cache_dir: Any = None
+) -> tuple[dict[str, Any], float | None]:
+    """``load_model(target)`` as a stream, which is the same load: the tensors, and when
+    the first one arrived (``perf_counter``)."""
     import aioloader
 
+    tensors: dict[str, Any] = {}
+    first = None
+    async with aioloader.Loader(cache_dir=cache_dir) as loader, loader.stream(target) as stream:
+        async for name, tensor in stream:
+            if first is None:
+                first = time.perf_counter()
+            tensors[name] = tensor
+    return tensors, first
+
+
+def aioloader_load(target: str | list[str]) -> Prepared:
+    """``aioloader.load_model(target)``: a path or URL, or a list of files."""
     run = event_loop_runner()
 
     def load() -> Loaded:
-        tensors = run(aioloader.load_model(target))
-        return Loaded(tensors, tensor_bytes(tensors))
+        tensors, first = run(stream_all(target))
+        return Loaded(tensors, tensor_bytes(tensors), first=first)
 
     return load
 
@@ -62,10 +79,13 @@ def runai_load(files: list[str]) -> Prepared:
 
     def load() -> Loaded:
         tensors: dict[str, Any] = {}
+        first = None
         with SafetensorsStreamer() as streamer:
             streamer.stream_files(files)
             for name, tensor in streamer.get_tensors():
                 tensors[name] = tensor.clone() if clone else tensor
-        return Loaded(tensors, tensor_bytes(tensors))
+                if first is None:
+                    first = time.perf_counter()
+        return Loaded(tensors, tensor_bytes(tensors), first=first)
 
     return load

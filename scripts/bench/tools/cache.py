@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..scenarios import CACHE_FILL, CACHE_TOOLS
-from .base import Loaded, Prepared, event_loop_runner, tensor_bytes
+from .base import Loaded, Prepared, event_loop_runner, stream_all, tensor_bytes
 from .remote import RemoteJob
 
 
@@ -21,8 +21,8 @@ def _cache_load(job: RemoteJob, cache_dir: Path | None) -> Prepared:
     through: aioloader.ModelCache | Literal[False] = cache if cache is not None else False
 
     def load() -> Loaded:
-        tensors = run(aioloader.load_model(job.target, cache_dir=through))
-        return Loaded(tensors, tensor_bytes(tensors), cache=cache_counters(cache))
+        tensors, first = run(stream_all(job.target, cache_dir=through))
+        return Loaded(tensors, tensor_bytes(tensors), cache=cache_counters(cache), first=first)
 
     return load
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -41,10 +42,13 @@ def _prepare_safetensors(target: Path, files: list[Path], backend: str = "mmap")
 
     def load() -> Loaded:
         tensors: dict[str, Any] = {}
+        first = None
         for path in files:
             for name, tensor in load_file(str(path), backend=backend).items():
                 tensors[name] = tensor.clone() if backend == "mmap" else tensor
-        return Loaded(tensors, tensor_bytes(tensors))
+                if first is None:
+                    first = time.perf_counter()
+        return Loaded(tensors, tensor_bytes(tensors), first=first)
 
     return load
 
