@@ -224,6 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {"load": _load, "inspect": _inspect, "serve": _serve, "cache": _cache_verify}[
         args.command
     ]
+    if args.command == "load":
+        # A load would import torch in a worker thread; for a command that only loads,
+        # doing it first keeps the report about the load (it takes seconds).
+        import torch  # noqa: F401
     try:
         return _run(handler(args))
     except LoaderError as exc:

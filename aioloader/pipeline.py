@@ -223,17 +223,18 @@ class _Load:
         self.copy_seconds = 0.0
         self._copy_free_at = 0.0
         self.started = time.perf_counter()
-        self.header_done = self.last_read_done = self.started
+        self.header_done = self.read_started = self.last_read_done = self.started
 
     async def run(self) -> LoadReport:
         headers = self.model.headers
         async with self.model:
             plan = self._plan(headers)
-            self.header_done = self.last_read_done = time.perf_counter()
+            self.header_done = time.perf_counter()
             # Imports and (for a GPU) the device's context are set up in a thread
-            # before the first tensor is allocated.
+            # before the first tensor is allocated; not part of the read time.
             await self.device.prepare()
             await self._allocate(plan)
+            self.read_started = self.last_read_done = time.perf_counter()
             await self._transfer(plan.reads)
         return self._report(len(headers), len(plan.chosen))
 
@@ -345,7 +346,7 @@ class _Load:
             tensors=tensors,
             bytes=self.progress.bytes_total,
             header_seconds=self.header_done - self.started,
-            read_seconds=max(0.0, self.last_read_done - self.header_done),
+            read_seconds=max(0.0, self.last_read_done - self.read_started),
             copy_seconds=self.copy_seconds,
             total_seconds=finished - self.started,
             peak_staging_bytes=self.share.peak,
