@@ -16,7 +16,7 @@ from .devices.auto import device_for
 from .devices.base import Device
 from .errors import ClosedError, ConfigError
 from .layout import ModelLayout
-from .pipeline import Progress, Selection, open_model, run_load
+from .pipeline import Load, Progress, Selection, open_model
 from .redact import redact
 from .report import LoadReport
 from .safetensors import FileHeader
@@ -227,7 +227,7 @@ class Loader:
     ) -> LoadReport:
         self._check_open()
         source = self._source(url, cached=True)
-        return await run_load(
+        load = Load(
             url=_display(url),
             model=await open_model(source, url, self.limits.concurrency),
             device=self._device,
@@ -238,6 +238,7 @@ class Loader:
             progress=progress,
             on_metadata=meta,
         )
+        return await load.run()
 
     async def aclose(self) -> None:
         """Stop every stream and release threads, files and devices; idempotent."""

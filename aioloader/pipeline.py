@@ -37,7 +37,7 @@ from .sources.base import Blob, Source, aclose_all
 from .staging import ByteBudget, Share
 from .tasks import gather
 
-__all__ = ["OpenModel", "Progress", "Selection", "load_headers", "open_model", "run_load"]
+__all__ = ["OpenModel", "Progress", "Selection", "Load", "load_headers", "open_model"]
 
 logger = logging.getLogger("aioloader")
 
@@ -190,8 +190,14 @@ class _Plan:
     reads: list[Read]
 
 
-class _Load:
-    """The state of one load, and its steps as small methods."""
+class Load:
+    """One load of ``model`` into ``device``, calling ``emit`` as each tensor completes;
+    ``await Load(...).run()`` returns the report (also logged at INFO) and closes
+    ``model``. Its state, and its steps as small methods.
+
+    Raises (from ``run``):
+        LoaderError: any failure, naming the file, tensor and byte range.
+    """
 
     def __init__(
         self,
@@ -361,38 +367,3 @@ class _Load:
                 report.advice(),
             )
         return report
-
-
-async def run_load(
-    *,
-    url: str,
-    model: OpenModel,
-    device: Device,
-    limits: Limits,
-    budget: ByteBudget,
-    selection: Selection,
-    emit: Emit,
-    progress: Progress | None = None,
-    on_metadata: Callable[[dict[str, str]], None] | None = None,
-) -> LoadReport:
-    """Load the tensors of ``model`` into ``device``, calling ``emit`` as each completes;
-    ``model`` is closed when it returns.
-
-    Returns:
-        The report of the load (also logged at INFO).
-
-    Raises:
-        LoaderError: any failure, naming the file, tensor and byte range.
-    """
-    load = _Load(
-        url=url,
-        model=model,
-        device=device,
-        limits=limits,
-        budget=budget,
-        selection=selection,
-        emit=emit,
-        progress=progress or Progress(),
-        on_metadata=on_metadata,
-    )
-    return await load.run()

@@ -75,12 +75,9 @@ class Device(ABC):
         """A tensor with no elements (nothing to read)."""
 
     @abstractmethod
-    def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
-        """The writable buffer of ``read.nbytes`` bytes that the reader fills."""
-
-    async def buffer_for(self, read: Read, allocation: SpanAllocation) -> memoryview:
-        """The buffer the reader fills with ``read``'s bytes, once one is free."""
-        return self.staging(read, allocation)
+    async def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
+        """The writable buffer of ``read.nbytes`` bytes that the reader fills, once one is
+        free; ``release(read)`` gives it back unfilled."""
 
     @asynccontextmanager
     async def stage(
@@ -94,7 +91,7 @@ class Device(ABC):
         staged = Staged(read, allocation, self.cost(read), share)
         await share.acquire(staged.cost)
         try:
-            staged.buffer = await self.buffer_for(read, allocation)
+            staged.buffer = await self.staging(read, allocation)
             yield staged
         finally:
             if not staged.committed:

@@ -88,7 +88,7 @@ class CpuDevice(Device):
 
         return torch.empty(info.shape, dtype=torch_dtype(info.dtype, tensor=info.name))
 
-    def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
+    async def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
         assert isinstance(allocation, HostSpan)
         base = allocation.span.start
         return memoryview(allocation.array[read.start - base : read.end - base])  # type: ignore[arg-type]

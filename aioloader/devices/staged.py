@@ -191,14 +191,10 @@ class StagedDevice(Device):
     def empty(self, info: TensorInfo) -> Any:
         return self._engine.empty(info)
 
-    async def buffer_for(self, read: Read, allocation: SpanAllocation) -> memoryview:
+    async def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
         if self._ring is None:
             await self._pin_ring()
         await self._free_slots.acquire()
-        return self.staging(read, allocation)
-
-    def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
-        # stage() waited for a free slot.
         slot = self._free.pop()
         self._slot_of[id(read)] = slot
         stats = self.ring
