@@ -82,6 +82,7 @@ async def test_cold_load_fills_the_cache_and_warm_load_reads_no_data(
 
     got = await load_model(url, cache_dir=root, chunk_size="128KiB")
     assert_matches_files(got, *shards)
+    await ModelCache(root).wait_committed()
     entries = ModelCache(root).entries()
     assert len(entries) == 4 and all(e.complete for e in entries)
     for shard in shards:
@@ -161,6 +162,7 @@ async def test_s3_through_the_cache_and_an_overwritten_object(
 
     shards = sorted(first.parent.glob("*.safetensors"))
     assert_matches_files(await load_model(url, cache_dir=root), *shards)
+    await ModelCache(root).wait_committed()
     assert all(e.complete for e in ModelCache(root).entries())
     cache = ModelCache(root)
     assert (await cache.fetch(url)).hit
@@ -345,6 +347,7 @@ async def test_cache_dir_from_the_environment(
     assert_matches_files(await load_model(url, cache_dir=False), path)
     assert not root.exists()
     assert_matches_files(await load_model(url), path)
+    await ModelCache(root).wait_committed()
     assert [e.complete for e in ModelCache(root).entries()] == [True]
 
 

@@ -88,10 +88,13 @@ async def test_cancelled_loads_leak_no_lock_or_descriptor(
     for ticks in points:
         async with Loader(cache_dir=caches / str(ticks), concurrency=2) as loader:
             await cancel_after(stream_all(loader, url), ticks)
+        await ModelCache(caches / str(ticks)).wait_committed()
+        await ModelCache(caches / "whole").wait_committed()
         assert fds_into(caches) == [], f"cancelled after {ticks} of {turns} loop turns"
     for ticks in points[::8]:
         got = await asyncio.wait_for(load_model(url, cache_dir=caches / str(ticks)), 10)
         assert_matches_files(got, *shards)
+        await ModelCache(caches / str(ticks)).wait_committed()
     assert fds_into(caches) == []
 
 
@@ -105,6 +108,7 @@ async def test_cancelled_loads_of_one_entry_never_wedge_it(
     for i, ticks in enumerate(spread(turns, 24)):
         async with Loader(cache_dir=cache, concurrency=2) as loader:
             await cancel_after(stream_all(loader, url), ticks)
+        await cache.wait_committed()
         assert fds_into(root) == [], f"cancelled after {ticks} of {turns} loop turns"
         if i % 3 == 2:
             # Start cold again: removing takes each entry's lock, which must be free.

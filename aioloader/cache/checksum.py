@@ -7,10 +7,12 @@ single-part upload: 32 hex digits; or S3's ``x-amz-checksum-sha256``, ``-sha1`` 
 ``-crc32`` of an object uploaded with a checksum), a fetch also checks the download
 against it.
 
-Hashing follows the download instead of re-reading the file at the end: each
+A fetch hashes as it downloads instead of re-reading the file at the end: each
 write may extend the prefix of the file that is present, and the thread that
 wrote it hashes that prefix further, reading back bytes it just wrote (from the
 page cache). Only what is still unhashed when the entry completes is read then.
+A load through the cache writes with ``O_DIRECT`` and hashes the whole file when
+it commits the entry, after the load has returned (partial.py, commit.py).
 Measured on one core (AMD EPYC, page cache): xxh3-128 about 11 GiB/s, so
 ~0.1 s of CPU per GiB, mostly hidden behind the network; MD5 about 0.6 GiB/s
 (~1.7 s per GiB), which is why only ``fetch`` (the daemon's path) computes it.

@@ -32,8 +32,8 @@ class Shelf(Protocol):
     async def make_room(self, files: EntryFiles, size: int, exclude: set[str]) -> None:
         """Evict old entries so that ``size`` bytes of ``files`` fit under the cap."""
 
-    async def after_complete(self, url: str) -> None:
-        """Bookkeeping once an entry is complete."""
+    def after_complete(self, url: str) -> None:
+        """Bookkeeping once an entry is complete (blocking: called from a commit thread)."""
 
     def warn_uncached(self, exc: OSError, url: str) -> None:
         """Say (once) that this cache cannot take files, and why."""

@@ -28,6 +28,7 @@ from ..config import HttpOptions, Limits, S3Options
 from ..errors import CacheError, ConfigError
 from ..layout import resolve_layout
 from ..sources.auto import scheme_of, source_for
+from . import commit
 from .entry import EntryFiles, cache_error, key_of, read_meta
 from .fetch import Fetcher, FetchOptions, Meter, Progress
 from .info import CachedModel, CacheEntry, CacheStatistics, VerifyResult
@@ -355,9 +356,29 @@ class ModelCache:
         reserve = max(0, size - await run_blocking(None, files.bytes_on_disk))
         await self._evict(exclude | {files.dir.name}, reserve)
 
-    async def after_complete(self, url: str) -> None:
-        """Bookkeeping once a load through the cache completed an entry."""
-        await self._evict({key_of(url)})
+    def after_complete(self, url: str) -> None:
+        """Bookkeeping once a load through the cache completed an entry (blocking).
+
+        Raises:
+            CacheError: evicting older entries failed.
+        """
+        cap = self._cap()
+        if cap is None:
+            return
+        try:
+            self._counters.evictions += evict(self.root, cap, {key_of(url)})
+        except OSError as exc:
+            raise cache_error(exc, self.root, "evicting old entries") from exc
+
+    async def wait_committed(self) -> None:
+        """Wait for the entries that loads through this cache finished to be committed.
+
+        A load returns its tensors before its new entries are hashed, synced and
+        renamed into place (that happens in the background, and a process that
+        exits normally waits for it). Call this to know they are complete, for
+        example before copying the cache folder elsewhere.
+        """
+        await commit.wait(self.root)
 
     def warn_uncached(self, exc: OSError, url: str) -> None:
         """Say once per process that this cache cannot take files, and why."""

@@ -10,7 +10,8 @@ request: size and ETag), then:
   the remote and writes the same bytes into the entry's partial file, so one
   network read serves both. Ranges already in a partial file are read locally.
   Once every byte has been written (a full load reads them all), closing the
-  blob completes the entry; a partial load leaves it resumable;
+  blob hands the entry to a commit thread, which completes it after the load
+  has returned (commit.py); a partial load leaves it resumable;
 * otherwise the remote blob is returned as it is.
 
 When the cache cannot take the bytes (a full disk, a quota, a read-only or
@@ -33,6 +34,7 @@ from .._threads import run_blocking
 from ..errors import CacheError, ClosedError
 from ..sources.base import Blob, Source, aclose_all
 from ..sources.file import FileSource
+from . import commit
 from .claim import claim
 from .entry import EntryFiles, Version, cache_error, no_room
 from .fetch import version_of
@@ -146,41 +148,51 @@ class _TeeBlob(Blob):
         if self._closed:
             return
         self._source._open_blobs.discard(self)
+        committing = False
         try:
             await self._remote.aclose()
             partial = self._partial
             if partial is not None and partial.finished:
-                await self._complete(partial)
+                # The tensors are out: the commit need not hold the load up (commit.py).
+                commit.submit(self._source.cache.root, lambda: self._commit(partial))
+                committing = True
         finally:
             self._closed = True
-            try:
-                if self._partial is None:
-                    # The cache gave up on this file: leave none of it behind.
-                    await run_blocking(self._source._pool(), self._discard)
-            finally:
-                self._owned.close()
-                self._lock.release()
+            if not committing:
+                try:
+                    if self._partial is None:
+                        # The cache gave up on this file: leave none of it behind.
+                        await run_blocking(self._source._pool(), self._discard)
+                finally:
+                    self._owned.close()
+                    self._lock.release()
 
     def _discard(self) -> None:
         self._owned.close()
         _discard_quietly(self._owned.files)
 
-    async def _complete(self, partial: PartialFile) -> None:
+    def _commit(self, partial: PartialFile) -> None:
+        """Complete the entry, then let it go (in a commit thread; errors are logged)."""
         cache = self._source.cache
         try:
-            await run_blocking(self._source._pool(), partial.complete)
+            partial.complete()
         except OSError as exc:
-            # The tensors are loaded already: do not fail the load over it.
+            # The tensors are loaded already: nothing to fail but the entry.
             if no_room(exc):
-                self._partial = None
                 cache.warn_uncached(exc, self.url)
+                self._discard()
             else:
                 logger.warning("%s", cache_error(exc, cache.root, f"completing {self.url}"))
-            return
-        try:
-            await cache.after_complete(self.url)
-        except CacheError as exc:
-            logger.warning("%s", exc)
+        except Exception:
+            logger.exception("completing the cache entry of %s failed", self.url)
+        else:
+            try:
+                cache.after_complete(self.url)
+            except CacheError as exc:
+                logger.warning("%s", exc)
+        finally:
+            self._owned.close()
+            self._lock.release()
 
 
 class CachingSource(Source):
@@ -319,7 +331,7 @@ class CachingSource(Source):
         try:
             return await run_blocking(
                 self._pool(),
-                lambda: PartialFile.open(files, url, version),
+                lambda: PartialFile.open(files, url, version, direct=True),
                 on_abandon=PartialFile.close,
             )
         except OSError as exc:

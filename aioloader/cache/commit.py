@@ -1,0 +1,73 @@
+"""Committing finished cache entries after the load that wrote them has returned.
+
+A load through the cache (tee.py) writes each file into its entry as the bytes
+arrive, but making the entry complete (hashing it, ``fsync``, the rename to
+``data``, ``meta.json``, eviction under the cap) takes as long as the disk needs
+to take the file: seconds for a large model. That work is not what the caller
+waits for, so it runs here, in a small process-wide thread pool, while the entry
+stays locked exactly as it was during the download.
+
+What a crash does to an entry whose commit had not finished: its ``data.partial``
+and journal stay, ``meta.json`` still says incomplete, and its lock is dropped
+with the process. The next load or fetch of the file on the same boot finds every
+range journaled, reads the bytes from the partial file instead of the remote and
+commits the entry. After a reboot the partial file is not trusted (its bytes may
+never have reached the disk) and is downloaded again: the same rule as for any
+interrupted download (see partial.py).
+
+The pool's threads are not daemon threads: a process that exits normally waits
+for its pending commits (Python joins them before it shuts down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+__all__ = ["pending", "submit", "wait"]
+
+_THREADS = 2
+_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+_pending: dict[str, set[Future[None]]] = {}
+
+
+def submit(root: Path, job: Callable[[], None]) -> None:
+    """Run ``job`` (which must handle its own errors) in a commit thread."""
+    global _executor
+    key = str(root)
+    with _lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(_THREADS, thread_name_prefix="aioloader-commit")
+        future = _executor.submit(job)
+        _pending.setdefault(key, set()).add(future)
+
+    def done(f: Future[None]) -> None:
+        with _lock:
+            futures = _pending.get(key)
+            if futures is not None:
+                futures.discard(f)
+                if not futures:
+                    del _pending[key]
+
+    future.add_done_callback(done)
+
+
+def pending(root: Path) -> int:
+    """How many commits under ``root`` are queued or running."""
+    with _lock:
+        return len(_pending.get(str(root), ()))
+
+
+async def wait(root: Path) -> None:
+    """Wait until every commit under ``root`` submitted so far has finished.
+
+    Cancelling the wait leaves the commits running.
+    """
+    with _lock:
+        futures = list(_pending.get(str(root), ()))
+    for future in futures:
+        await asyncio.shield(asyncio.wrap_future(future))

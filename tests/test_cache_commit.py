@@ -1,0 +1,131 @@
+"""A load through the cache returns before its new entries are committed (commit.py).
+
+The commit (hash, fsync, rename, meta) runs in the background; a process that
+exits normally waits for it, and one that dies first leaves an entry the next
+load finishes from its journaled partial file without downloading it again.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from aioloader import ModelCache, load_model
+from aioloader.cache.checksum import hash_file
+from aioloader.cache.entry import EntryFiles, Version
+from aioloader.cache.partial import PartialFile
+
+from .helpers import assert_matches_files, write_sharded
+from .servers import FaultyHttpServer
+from .test_cache import big_tensors, data_gets, entry_dir, meta_of
+
+# The child loads through the cache and exits. With "--die" it first fills both
+# commit threads with jobs that never end, so the load's own commits cannot start,
+# and leaves with os._exit, the way a killed process leaves: no thread is joined.
+_CHILD = """
+import asyncio, os, sys, threading
+from pathlib import Path
+from aioloader import load_model
+from aioloader.cache import commit
+
+url, root, die = sys.argv[1], sys.argv[2], sys.argv[3] == "--die"
+if die:
+    never = threading.Event()
+    for _ in range(4):
+        commit.submit(Path(root) / "elsewhere", never.wait)
+tensors = asyncio.run(load_model(url, cache_dir=root))
+print(len(tensors), flush=True)
+if die:
+    os._exit(0)
+"""
+
+
+def _load_in_child(url: str, root: Path, *, die: bool) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, url, str(root), "--die" if die else "--exit"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 0
+
+
+def _model(server: FaultyHttpServer) -> tuple[str, list[Path], list[str]]:
+    index = write_sharded(server.root / "m", big_tensors(), shards=2)
+    shards = sorted(index.parent.glob("*.safetensors"))
+    return (
+        server.url_for("m/model.safetensors.index.json"),
+        shards,
+        [server.url_for(f"m/{p.name}") for p in shards],
+    )
+
+
+async def test_a_process_that_dies_before_its_commits_leaves_entries_finished_without_download(
+    http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    url, shards, shard_urls = _model(http_server)
+    root = tmp_path / "cache"
+    _load_in_child(url, root, die=True)
+
+    for shard in shard_urls:
+        # Every byte arrived and is journaled, but the entry was never committed.
+        assert meta_of(root, shard)["complete"] is False
+        assert (entry_dir(root, shard) / "data.partial").exists()
+        assert not (entry_dir(root, shard) / "data").exists()
+
+    http_server.reset_counters()
+    got = await load_model(url, cache_dir=root)
+    assert_matches_files(got, *shards)
+    assert data_gets(http_server) == []  # read from the partial files, not the server
+    cache = ModelCache(root)
+    await cache.wait_committed()
+    assert all(e.complete for e in cache.entries())
+    assert {r.status for r in await cache.verify()} == {"ok"}
+
+
+async def test_a_process_that_exits_normally_commits_its_entries_first(
+    http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    url, shards, shard_urls = _model(http_server)
+    root = tmp_path / "cache"
+    _load_in_child(url, root, die=False)
+
+    for shard in shard_urls:
+        meta = json.loads((entry_dir(root, shard) / "meta.json").read_text())
+        assert meta["complete"] is True and str(meta["checksum"]).startswith("xxh3-128:")
+    http_server.reset_counters()
+    assert_matches_files(await load_model(url, cache_dir=root), *shards)
+    assert data_gets(http_server) == []
+    assert {r.status for r in await ModelCache(root).verify()} == {"ok"}
+
+
+def test_direct_writes_of_aligned_unaligned_and_read_only_pieces(tmp_path: Path) -> None:
+    """``O_DIRECT`` takes the page-aligned part of each piece; the rest is written buffered."""
+    size = 5 * 4096 * 16 + 1234
+    data = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+    page_aligned = np.empty(size + 4096, np.uint8)
+    skip = -page_aligned.ctypes.data % 4096
+    memory = page_aligned[skip : skip + size]
+    memory[:] = data
+    url = "http://example.invalid/m.safetensors"
+    files = EntryFiles.of(tmp_path / "cache", url)
+    partial = PartialFile.open(files, url, Version(size, '"v1"', None), direct=True)
+    pieces = [
+        (4096 * 16, 4096 * 16 + 300),  # aligned start, unaligned end
+        (0, 4096 * 16),  # aligned
+        (4096 * 32 + 300, 4096 * 48),  # unaligned start
+        (4096 * 16 + 300, 4096 * 32 + 300),  # unaligned start and end
+        (4096 * 64, size),  # the file's last partial page
+    ]
+    for start, end in pieces:
+        partial.write(start, [memoryview(memory[start:end])])
+    # Read-only memory (bytes) cannot be handed to O_DIRECT here: written buffered.
+    partial.write(4096 * 48, [memoryview(data[4096 * 48 : 4096 * 64].tobytes())])
+    meta = partial.complete()
+    assert files.data.read_bytes() == data.tobytes()
+    assert meta.complete and meta.checksum == hash_file(files.data)
