@@ -224,11 +224,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {"load": _load, "inspect": _inspect, "serve": _serve, "cache": _cache_verify}[
         args.command
     ]
-    if args.command == "load":
-        # A load would import torch in a worker thread; for a command that only loads,
-        # doing it first keeps the report about the load (it takes seconds).
-        import torch  # noqa: F401
     try:
+        if args.command == "load":
+            # A load would import torch in a worker thread; for a command that only loads,
+            # doing it first keeps the report about the load (it takes seconds). Inside
+            # the try: Ctrl-C during those seconds is an interruption, not a traceback.
+            import torch  # noqa: F401
         return _run(handler(args))
     except LoaderError as exc:
         print(f"aioloader: error: {exc}", file=sys.stderr)

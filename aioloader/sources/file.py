@@ -1,4 +1,16 @@
-"""Local files: ``preadv`` from a bounded thread pool straight into destination memory."""
+"""Local files: ``preadv`` from thread pools straight into destination memory.
+
+Each read goes one of two ways, chosen from what ``mincore`` says of its bytes:
+
+* resident in the page cache ("warm"): a memory copy, bound by the CPU. It runs
+  in a pool of as many threads as the process may use CPUs: more threads only
+  contend for the cores and for the address-space lock their page faults take;
+* not resident ("cold"): it waits for the disk, which serves many requests at
+  once. It runs in a pool of ``threads`` (normally ``concurrency``) so the disk
+  sees a deep queue, with ``O_DIRECT`` where the file system allows it.
+
+The pipeline's ``concurrency`` bounds how many reads are in flight either way.
+"""
 
 from __future__ import annotations
 
@@ -63,7 +75,7 @@ class FileBlob(Blob):
         self,
         url: str,
         opened: tuple[int, int | None, _PageCache | None, int],
-        executor: ThreadPoolExecutor,
+        pools: _Pools,
     ) -> None:
         fd, direct, cache, size = opened
         self.url = url
@@ -71,7 +83,7 @@ class FileBlob(Blob):
         self._fd: int | None = fd
         self._direct_fd = direct
         self._cache = cache
-        self._executor = executor
+        self._pools = pools
 
     def __repr__(self) -> str:
         return (
@@ -87,7 +99,7 @@ class FileBlob(Blob):
     async def read_bytes(self, offset: int, length: int) -> bytes:
         fd = self._require_fd()
         try:
-            return await run_blocking(self._executor, lambda: os.pread(fd, length, offset))
+            return await run_blocking(self._pools.cold, lambda: os.pread(fd, length, offset))
         except OSError as exc:
             raise _translate(exc, self.url, "reading") from exc
 
@@ -96,16 +108,30 @@ class FileBlob(Blob):
         size = self.size
         direct = self._direct_fd
         cache = self._cache
+        total = sum(b.nbytes for b in buffers)
 
-        def work() -> None:
+        def warm() -> bool:
+            """Read from the page cache if it holds every byte; False when it does not, or
+            when that cannot be asked (the disk's pool is the safe side)."""
+            if cache is None or not cache.holds(offset, max(0, min(total, size - offset))):
+                return False
+            position = offset
+            for buffer in buffers:
+                need = max(0, min(buffer.nbytes, size - position))
+                _fill(fd, buffer[:need], position, need)
+                position += buffer.nbytes
+            return True
+
+        def cold() -> None:
             position = offset
             for buffer in buffers:
                 _read_range(fd, direct, cache, buffer, position, size)
                 position += buffer.nbytes
 
-        end = offset + sum(b.nbytes for b in buffers)
+        end = offset + total
         try:
-            await run_blocking(self._executor, work)
+            if not await run_blocking(self._pools.warm, warm):
+                await run_blocking(self._pools.cold, cold)
         except EOFError as exc:
             raise ReadError(
                 f"{self.url} ended at byte {exc.args[0]} while reading [{offset}, {end}); the "
@@ -214,16 +240,16 @@ def _open(path: str) -> tuple[int, int | None, _PageCache | None, int]:
         # Reads go in parallel but mostly forward: let the kernel read ahead.
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         if _DIRECT_IO and stat.S_ISREG(info.st_mode) and info.st_size > 0:
-            try:
-                if _libc is None:
-                    _libc = _load_libc()
-                direct = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
+            if _libc is None:
+                _libc = _load_libc()
+            with contextlib.suppress(OSError):
                 cache = _PageCache(fd, info.st_size)
-            except OSError:
-                # tmpfs, some FUSE and network filesystems: the page cache only.
-                if direct is not None:
-                    os.close(direct)
-                direct = cache = None
+            if cache is not None:
+                try:
+                    direct = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
+                except OSError:
+                    # tmpfs, some FUSE and network file systems: the page cache only.
+                    direct = None
     except BaseException:
         os.close(fd)
         raise
@@ -245,49 +271,71 @@ def _list(path: str) -> list[str] | None:
     return sorted(os.listdir(path))
 
 
+class _Pools:
+    """The warm (page cache) and cold (disk) reader pools of a FileSource."""
+
+    def __init__(self, warm: ThreadPoolExecutor, cold: ThreadPoolExecutor) -> None:
+        self.warm = warm
+        self.cold = cold
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container may narrow)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
 class FileSource(Source):
     """Files on a local (or mounted) filesystem.
 
     Args:
-        threads: the size of the reader thread pool, normally ``concurrency``.
+        threads: the size of the cold reader pool, normally ``concurrency``; the
+            warm pool has ``min(threads, usable CPUs)`` (see the module docstring).
     """
 
     def __init__(self, threads: int) -> None:
-        self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix="aioloader-read"
+        warm_threads = min(threads, usable_cpus())
+        self._pools: _Pools | None = _Pools(
+            ThreadPoolExecutor(warm_threads, thread_name_prefix="aioloader-warm"),
+            ThreadPoolExecutor(threads, thread_name_prefix="aioloader-read"),
         )
         self._threads = threads
+        self._warm_threads = warm_threads
         self._started = False
         self._starter: threading.Thread | None = None
 
     def __repr__(self) -> str:
-        return f"<FileSource threads={self._threads} open={self._executor is not None}>"
+        return (
+            f"<FileSource threads={self._threads} warm={self._warm_threads} "
+            f"open={self._pools is not None}>"
+        )
 
-    def _pool(self) -> ThreadPoolExecutor:
-        if self._executor is None:
+    def _require_pools(self) -> _Pools:
+        if self._pools is None:
             raise ClosedError("this FileSource is closed")
         if not self._started:
             self._started = True
-            self._start_threads(self._executor)
-        return self._executor
+            self._start_threads(self._pools)
+        return self._pools
 
-    def _start_threads(self, executor: ThreadPoolExecutor) -> None:
+    def _start_threads(self, pools: _Pools) -> None:
         """Start every reader thread now, before any data is read, off the event loop.
 
-        The pool would otherwise start threads on demand in the middle of a load,
+        A pool would otherwise start threads on demand in the middle of a load,
         and each start waits until the new thread has run: on a busy machine that
         wait stalled the event loop for tens of milliseconds. A short-lived helper
-        thread fills the pool instead, all threads meeting at a barrier so that
-        none is reused before the last has started.
+        thread fills the pools instead, the threads of each meeting at a barrier
+        so that none is reused before the last has started.
         """
-        count = self._threads
-        barrier = threading.Barrier(count, timeout=30)
 
-        def rendezvous() -> None:
-            with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait()
+        def fill(executor: ThreadPoolExecutor, count: int) -> None:
+            barrier = threading.Barrier(count, timeout=30)
 
-        def fill() -> None:
+            def rendezvous() -> None:
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    barrier.wait()
+
             for _ in range(count):
                 try:
                     executor.submit(rendezvous)
@@ -295,26 +343,30 @@ class FileSource(Source):
                     barrier.abort()
                     return
 
-        self._starter = threading.Thread(target=fill, name="aioloader-start", daemon=True)
+        def fill_both() -> None:
+            fill(pools.warm, self._warm_threads)
+            fill(pools.cold, self._threads)
+
+        self._starter = threading.Thread(target=fill_both, name="aioloader-start", daemon=True)
         self._starter.start()
 
     async def list_dir(self, url: str) -> list[str] | None:
         path = to_path(url)
         try:
-            return await run_blocking(self._pool(), lambda: _list(path))
+            return await run_blocking(self._require_pools().cold, lambda: _list(path))
         except OSError as exc:
             raise _translate(exc, url, "listing") from exc
 
     async def open(self, url: str) -> Blob:
         path = to_path(url)
-        pool = self._pool()
+        pools = self._require_pools()
         try:
-            opened = await run_blocking(pool, lambda: _open(path), _close_all)
+            opened = await run_blocking(pools.cold, lambda: _open(path), _close_all)
         except IsADirectoryError as exc:
             raise SourceError(f"{url} is a directory where a file was expected") from exc
         except OSError as exc:
             raise _translate(exc, url, "opening") from exc
-        return FileBlob(url, opened, pool)
+        return FileBlob(url, opened, pools)
 
     def join(self, base: str, name: str) -> str:
         if base.startswith("file://"):
@@ -327,10 +379,11 @@ class FileSource(Source):
         return str(Path(url).parent)
 
     async def aclose(self) -> None:
-        executor, self._executor = self._executor, None
+        pools, self._pools = self._pools, None
         if self._starter is not None:
             self._starter.join()
-        if executor is not None:
+        if pools is not None:
             # Every read has returned by now (run_blocking waits for its thread),
             # so the workers are idle and joining them is immediate.
-            executor.shutdown(wait=True)
+            pools.warm.shutdown(wait=True)
+            pools.cold.shutdown(wait=True)
