@@ -2,10 +2,11 @@
 
 Each read goes one of two ways, chosen from what ``mincore`` says of its bytes:
 
-* resident in the page cache ("warm"): a memory copy, bound by the CPU. It runs
-  in a pool of as many threads as the process may use CPUs: more threads only
-  contend for the cores and for the address-space lock their page faults take;
-* not resident ("cold"): it waits for the disk, which serves many requests at
+* mostly in the page cache ("warm": at least ``WARM_SHARE`` of its pages): a
+  memory copy, bound by the CPU, and the kernel reads the few missing pages. It
+  runs in a pool of as many threads as the process may use CPUs: more threads
+  only contend for the cores and for the address-space lock their faults take;
+* mostly not ("cold"): it waits for the disk, which serves many requests at
   once. It runs in a pool of ``threads`` (normally ``concurrency``) so the disk
   sees a deep queue, with ``O_DIRECT`` where the file system allows it.
 
@@ -38,6 +39,12 @@ __all__ = ["FileBlob", "FileSource", "to_path"]
 # Direct I/O needs O_DIRECT, and mincore() to ask the page cache first.
 _DIRECT_IO = sys.platform == "linux" and hasattr(os, "O_DIRECT")
 _libc: Any = None
+# A read whose pages are at least this much in the page cache is read through it:
+# the kernel fetches only the missing pages. Reading it with O_DIRECT instead
+# would fetch every byte from the disk again, and leave the pages that were
+# evicted out of the cache for every later load (measured: a 3 GiB model with
+# a few evicted pages in most 16 MiB reads loaded at 0.3x a plain preadv).
+WARM_SHARE = 0.5
 
 
 def to_path(url: str) -> str:
@@ -111,9 +118,9 @@ class FileBlob(Blob):
         total = sum(b.nbytes for b in buffers)
 
         def warm() -> bool:
-            """Read from the page cache if it holds every byte; False when it does not, or
-            when that cannot be asked (the disk's pool is the safe side)."""
-            if cache is None or not cache.holds(offset, max(0, min(total, size - offset))):
+            """Read through the page cache if it holds most of the bytes; False when it does
+            not, or when that cannot be asked (the disk's pool is the safe side)."""
+            if cache is None or not cache.mostly_holds(offset, max(0, min(total, size - offset))):
                 return False
             position = offset
             for buffer in buffers:
@@ -166,7 +173,7 @@ def _read_range(
         and cache is not None
         and offset % ALIGNMENT == 0
         and buffer.nbytes % ALIGNMENT == 0
-        and not cache.holds(offset, need)
+        and not cache.mostly_holds(offset, need)
     ):
         try:
             _fill(direct, buffer, offset, need)
@@ -192,14 +199,19 @@ class _PageCache:
         if self._address in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), "mmap failed")
 
-    def holds(self, offset: int, length: int) -> bool:
+    def resident(self, offset: int, length: int) -> float:
+        """The share of the pages of ``[offset, offset + length)`` in the page cache."""
         if length <= 0:
-            return True
+            return 1.0
         pages = -(-length // mmap.PAGESIZE)
         vector = (ctypes.c_ubyte * pages)()
         if _libc.mincore(ctypes.c_void_p(self._address + offset), length, vector) != 0:
-            return True  # cannot tell: the page cache path is always correct
-        return bytes(vector).count(0) == 0
+            return 1.0  # cannot tell: the page cache path is always correct
+        return 1.0 - bytes(vector).count(0) / pages
+
+    def mostly_holds(self, offset: int, length: int) -> bool:
+        """Whether a buffered read of the range is the better way (see ``WARM_SHARE``)."""
+        return self.resident(offset, length) >= WARM_SHARE
 
     def close(self) -> None:
         address, self._address = self._address, None

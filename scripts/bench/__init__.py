@@ -53,9 +53,11 @@ of 87 MB (all-MiniLM-L6-v2's size) in the page cache: at that size what a load
 costs regardless of its bytes (threads, headers, allocation, first touch of fresh
 memory) shows next to its throughput. The "1st tensor s" column is the median time
 from the start of a load to its first usable tensor (aioloader and runai stream
-tensors; safetensors' first is its first clone).
+tensors; safetensors' first is its first clone). When both ran, the results end
+with each tool's fixed cost per load: ``small-warm``'s median time less the time
+its bytes take at the tool's median rate on ``model-warm``.
 
-On request, ``model-cache`` measures the node-local cache (``aioloader.cache``):
+``model-cache`` measures the node-local cache (``aioloader.cache``):
 the model over HTTP by its index URL, loaded three ways side by side, each with
 ``aioloader.load_model``:
 
@@ -66,7 +68,10 @@ the model over HTTP by its index URL, loaded three ways side by side, each with
   preloaded the model: the load reads the local copy (after asking nginx for
   each file's size and ETag);
 * ``populate``    -- ``cache_dir`` a fresh, empty folder per run: a cold load
-  that writes the cache as it streams (and fsyncs it), the cost of teeing.
+  that writes the cache as it streams, the cost of teeing. Its time ends when
+  the tensors are out; the entries' commit (hash, fsync, rename) runs after, in
+  the background, and the worker exits only once it is done, so it never
+  overlaps the next run.
 
 Its cache folders are made in a temporary folder in ``--out`` and removed at
 the end. Its headline is ``warm-cache / cold-remote``.
@@ -98,7 +103,7 @@ Usage::
     python scripts/bench.py --scenarios model-warm --tools aioloader preadv --json out.json
     python scripts/bench.py --scenarios model-s3 one-tensor-s3   # remote scenarios only
     python scripts/bench.py --skip-remote      # local scenarios only: no nginx
-    python scripts/bench.py --scenarios model-cache   # cold remote vs the local cache
+    python scripts/bench.py --scenarios model-cache   # only cold remote vs the local cache
 
 Test data is generated once into ``--out`` (default ``bench-data/``, ignored by
 git) and reused while its files have the expected sizes.

@@ -25,10 +25,9 @@ from .machine import (
     worker_env,
 )
 from .nginx import nginx_binary, nginx_server, remote_env, s3_env, scenario_url
-from .report import CPU_NOTE, format_table, summarize
+from .report import CPU_NOTE, fixed_costs, format_table, summarize
 from .runner import CacheFolders, run_scenario
 from .scenarios import (
-    CACHE_SCENARIOS,
     CACHE_TOOLS,
     DEFAULT_SCENARIOS,
     EXTRA_TOOLS,
@@ -59,8 +58,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=(overview or "").split("\n\n")[0],
         epilog=(
-            f"scenarios: {', '.join(DEFAULT_SCENARIOS)} (and on request"
-            f" {', '.join(CACHE_SCENARIOS)}); tools: {', '.join(TOOLS)} (and on request"
+            f"scenarios: {', '.join(DEFAULT_SCENARIOS)}; tools: {', '.join(TOOLS)} (and on request"
             f" {', '.join(EXTRA_TOOLS)}; model-cache's own: {', '.join(CACHE_TOOLS)})"
         ),
     )
@@ -179,6 +177,9 @@ def bench(args: argparse.Namespace) -> int:
     print(CPU_NOTE)
     for scenario, summary in summaries.items():
         print("\n" + format_table(scenario, summary))
+    fixed = fixed_costs(summaries)
+    if fixed is not None:
+        print("\n" + fixed)
     if args.json:
         report = {
             "command": sys.orig_argv,

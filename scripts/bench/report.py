@@ -100,3 +100,33 @@ def format_table(scenario: str, summary: dict[str, Any]) -> str:
     else:
         lines.append(f"aioloader / ceiling ({summary['ceiling']}): {over}")
     return "\n".join(lines)
+
+
+SMALL, LARGE = "small-warm", "model-warm"
+
+
+def fixed_costs(summaries: dict[str, dict[str, Any]]) -> str | None:
+    """Each tool's fixed cost per load: what a small model takes beyond its bytes.
+
+    The small model's median load time, less the time its bytes take at the
+    tool's own median rate on the large warm model: what is left is the work a
+    load does whatever its size (setup, allocation, threads, the event loop).
+    None unless both scenarios ran.
+    """
+    small, large = summaries.get(SMALL), summaries.get(LARGE)
+    if small is None or large is None:
+        return None
+    cells = []
+    for tool, values in small["tools"].items():
+        rate = large["tools"].get(tool, {}).get("median_gbps")
+        if values["median_gbps"] is None or rate is None:
+            continue
+        seconds = small["tensor_bytes"] / (values["median_gbps"] * 1e9)
+        fixed = seconds - small["tensor_bytes"] / (rate * 1e9)
+        cells.append(f"{tool} {fixed * 1000:.0f} ms of {seconds * 1000:.0f} ms")
+    if not cells:
+        return None
+    return (
+        f"fixed cost per load ({SMALL} median time less its bytes at the tool's {LARGE}"
+        " median rate): " + "; ".join(cells)
+    )

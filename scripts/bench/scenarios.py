@@ -14,9 +14,9 @@ LOCAL_SCENARIOS = (
     "model-warm", "one-tensor-warm", "small-warm", "model-cold", "one-tensor-cold",
 )  # fmt: skip
 REMOTE_SCENARIOS = ("model-http", "one-tensor-http", "model-s3", "one-tensor-s3")
-CACHE_SCENARIOS = ("model-cache",)  # on request, with --scenarios
-DEFAULT_SCENARIOS = LOCAL_SCENARIOS + REMOTE_SCENARIOS
-SCENARIOS = DEFAULT_SCENARIOS + CACHE_SCENARIOS
+CACHE_SCENARIOS = ("model-cache",)
+DEFAULT_SCENARIOS = LOCAL_SCENARIOS + REMOTE_SCENARIOS + CACHE_SCENARIOS
+SCENARIOS = DEFAULT_SCENARIOS
 # The tools that do each kind of scenario (the part of its name after the dataset).
 LOCAL_TOOLS = ("aioloader", "safetensors", "safetensors-pread", "runai", "preadv")
 KIND_TOOLS = {

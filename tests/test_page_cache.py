@@ -1,0 +1,119 @@
+"""Reads of local files through the page cache or around it, as ``mincore`` says.
+
+The page cache is observed with the real ``mincore`` on a mapping of the file,
+the file is a real file on the test's disk, and pages are evicted with
+``posix_fadvise(DONTNEED)``, which drops clean pages of a file nobody maps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aioloader import load_model
+
+from .helpers import assert_matches_files, write_file
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="mincore and O_DIRECT: Linux")
+
+PAGE = mmap.PAGESIZE
+MiB = 1 << 20
+
+
+def resident_pages(path: Path) -> list[bool]:
+    """Which pages of ``path`` the page cache holds now."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long,
+    ]  # fmt: skip
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), "mmap failed"
+        try:
+            vector = (ctypes.c_ubyte * (-(-size // PAGE)))()
+            assert libc.mincore(ctypes.c_void_p(address), size, vector) == 0
+            return [bool(v & 1) for v in vector]
+        finally:
+            libc.munmap(ctypes.c_void_p(address), size)
+    finally:
+        os.close(fd)
+
+
+def evict(path: Path, offset: int, length: int) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def written(path: Path) -> Path:
+    """``path`` on the disk: the page cache drops only clean pages."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def cache_all_but(path: Path, missing: set[int]) -> None:
+    """Bring every page of ``path`` into the page cache except those in ``missing``.
+
+    Page by page, with readahead off: a page read in a larger folio could not be
+    dropped on its own, and readahead would bring the missing pages in.
+    """
+    evict(path, 0, 0)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for page in range(-(-path.stat().st_size // PAGE)):
+            if page not in missing:
+                os.pread(fd, PAGE, page * PAGE)
+    finally:
+        os.close(fd)
+
+
+async def test_a_mostly_cached_file_is_read_through_the_page_cache(tmp_path: Path) -> None:
+    """A few evicted pages in each read: those pages are fetched, the rest copied.
+
+    Reading such a read with O_DIRECT, as aioloader did, fetched all of it from
+    the disk again and left the evicted pages out of the cache for good.
+    """
+    path = written(write_file(tmp_path / "m.safetensors", {"w": torch.randn(4 * MiB)}))  # 16 MiB
+    size = path.stat().st_size
+    missing = {offset // PAGE for offset in range(MiB, size - PAGE, MiB)}  # one page per MiB
+    cache_all_but(path, missing)
+    before = resident_pages(path)
+    if all(before) or sum(before) < len(before) // 2:
+        pytest.skip("this file system does not let a test choose what the page cache holds")
+
+    got = await load_model(str(path), chunk_size="1MiB")
+    after = resident_pages(path)  # before the check below reads the file itself
+    assert_matches_files(got, path)
+    assert all(after), "the evicted pages were read around the page cache"
+
+
+async def test_a_cold_file_is_read_around_the_page_cache(tmp_path: Path) -> None:
+    """With O_DIRECT, a cold load leaves no second copy of the weights in memory."""
+    path = written(write_file(tmp_path / "m.safetensors", {"w": torch.randn(4 * MiB)}))
+    evict(path, 0, 0)
+    if sum(resident_pages(path)) > 0:
+        pytest.skip("this file system keeps pages posix_fadvise asked to drop (tmpfs?)")
+
+    got = await load_model(str(path), chunk_size="1MiB")
+    after = resident_pages(path)  # before the check below reads the file itself
+    assert_matches_files(got, path)
+    # The header and the file's last partial page are read through the page cache.
+    assert sum(after) <= 128
