@@ -21,7 +21,8 @@ def _cache_load(job: RemoteJob, cache_dir: Path | None) -> Prepared:
     through: aioloader.ModelCache | Literal[False] = cache if cache is not None else False
 
     def load() -> Loaded:
-        tensors, first = run(stream_all(job.target, cache_dir=through))
+        tensors: dict[str, Any] = {}
+        first = run(stream_all(job.target, cache_dir=through, into=tensors))
         return Loaded(tensors, tensor_bytes(tensors), cache=cache_counters(cache), first=first)
 
     return load
