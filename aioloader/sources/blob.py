@@ -11,7 +11,9 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._threads import run_blocking
 from ..errors import ClosedError
+from ..prefault import populate
 from .base import Blob
 from .filler import Filler, clip
 from .retry import Retrier, RetryableError, keep_pace
@@ -91,15 +93,25 @@ class HttpBlob(Blob):
         def progress() -> int:
             return filler.written
 
-        if self._ranged:
-            await self._retrier.run(
-                self.url, offset, end, lambda: self._fetch_range(offset, filler), progress
-            )
-        else:
-            async with self._stream_lock:
+        # Fresh tensor memory is faulted in by a thread while the request travels,
+        # not page by page inside the loop's recv (see prefault.py).
+        populating = asyncio.ensure_future(run_blocking(None, lambda: populate(buffers)))
+        try:
+            if self._ranged:
                 await self._retrier.run(
-                    self.url, offset, end, lambda: self._read_sequential(offset, filler), progress
+                    self.url, offset, end, lambda: self._fetch_range(offset, filler), progress
                 )
+            else:
+                async with self._stream_lock:
+                    await self._retrier.run(
+                        self.url,
+                        offset,
+                        end,
+                        lambda: self._read_sequential(offset, filler),
+                        progress,
+                    )
+        finally:
+            await populating
 
     def _check_version(self, start: int) -> Callable[[int, Mapping[str, str]], None]:
         def check(status: int, headers: Mapping[str, str]) -> None:
