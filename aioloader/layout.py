@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from .errors import FormatError, SourceError
+from .errors import FormatError, NotFoundError, SourceError
 from .safetensors import load_json
 from .sources.base import Source
 
@@ -123,6 +123,24 @@ async def _from_index(source: Source, url: str) -> ModelLayout:
     return ModelLayout(files=files, weight_map=weight_map, metadata=parsed.metadata, index=url)
 
 
+async def _unlisted_folder(source: Source, url: str) -> ModelLayout:
+    index = source.join(url, "model.safetensors.index.json")
+    try:
+        return await _from_index(source, index)
+    except NotFoundError:
+        pass
+    single = source.join(url, "model.safetensors")
+    try:
+        blob = await source.open(single)
+    except NotFoundError:
+        raise NotFoundError(
+            f"{url} cannot be listed, and holds neither model.safetensors.index.json nor "
+            "model.safetensors; give the URL of the index or of each .safetensors file"
+        ) from None
+    await blob.aclose()
+    return ModelLayout(files=(single,))
+
+
 def _describe_other(names: list[str]) -> str:
     found = []
     for name in names:
@@ -142,7 +160,9 @@ async def resolve_layout(source: Source, url: str | Sequence[str]) -> ModelLayou
 
     A folder with an ``*.safetensors.index.json`` loads exactly the shards the
     index names (``model.safetensors.index.json`` wins when there are several);
-    otherwise every ``*.safetensors`` file in it, in name order.
+    otherwise every ``*.safetensors`` file in it, in name order. A folder that
+    cannot be listed (an HTTP URL ending in ``/``) is read as a Hugging Face
+    model folder: its ``model.safetensors.index.json``, else ``model.safetensors``.
 
     Raises:
         NotFoundError: the path or the index does not exist.
@@ -155,6 +175,8 @@ async def resolve_layout(source: Source, url: str | Sequence[str]) -> ModelLayou
         return await _from_index(source, url)
     names = await source.list_dir(url)
     if names is None:
+        if url.endswith("/"):
+            return await _unlisted_folder(source, url)
         return ModelLayout(files=(url,))
     indexes = [n for n in names if n.endswith(SAFETENSORS_SUFFIX + INDEX_SUFFIX)]
     if indexes:

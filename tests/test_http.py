@@ -98,6 +98,19 @@ async def test_index_url_fetches_shards_relative_to_it(http_server: FaultyHttpSe
     }
 
 
+async def test_a_folder_url_is_read_as_a_model_folder(http_server: FaultyHttpServer) -> None:
+    """HTTP cannot list a folder: ``.../model/`` means its index, else model.safetensors."""
+    index = write_sharded(http_server.root / "sharded", random_tensors(seed=3), shards=3)
+    shards = sorted(index.parent.glob("*.safetensors"))
+    assert_matches_files(await load_model(http_server.url_for("sharded") + "/"), *shards)
+    single = write_file(http_server.root / "single" / "model.safetensors", random_tensors(seed=4))
+    assert_matches_files(await load_model(http_server.url_for("single") + "/"), single)
+
+    (http_server.root / "empty").mkdir()
+    with pytest.raises(NotFoundError, match=r"neither model\.safetensors\.index\.json nor"):
+        await load_model(http_server.url_for("empty") + "/")
+
+
 async def test_list_of_shard_urls(http_server: FaultyHttpServer) -> None:
     write_sharded(http_server.root, big_tensors(count=6), shards=3)
     shards = sorted(http_server.root.glob("*.safetensors"))
@@ -431,12 +444,12 @@ async def test_forbidden(http_server: FaultyHttpServer) -> None:
     assert len(http_server.gets(NAME)) == 1  # not retried
 
 
-async def test_folder_url_cannot_be_listed(http_server: FaultyHttpServer) -> None:
+async def test_folder_url_without_the_usual_names(http_server: FaultyHttpServer) -> None:
+    """A folder URL whose files have other names: the error says what was looked for."""
     write_big(http_server.root, count=2)
     with pytest.raises(SourceError) as info:
         await load_model(http_server.url + "/")
-    assert "listing" in str(info.value) and "index.json" in str(info.value)
-    assert http_server.requests == []
+    assert "cannot be listed" in str(info.value) and "index.json" in str(info.value)
 
 
 @pytest.mark.parametrize("after_gets", [1, 2, 5, 20])

@@ -12,7 +12,6 @@ from __future__ import annotations
 from urllib.parse import urljoin
 
 from ..config import HttpOptions
-from ..errors import SourceError
 from ..throttle import LimiterStatistics
 from .base import Blob, Source
 from .blob import HttpBlob
@@ -46,11 +45,8 @@ class HttpSource(Source):
         return self._store.statistics()
 
     async def list_dir(self, url: str) -> list[str] | None:
-        if url.endswith("/"):
-            raise SourceError(
-                f"{url}: an HTTP server cannot be asked for a folder listing; pass the URL of "
-                "model.safetensors.index.json, of a .safetensors file, or a list of shard URLs"
-            )
+        # An HTTP server cannot be asked for a folder listing: a URL ending in "/" is
+        # read as a model folder by its usual file names (see resolve_layout).
         return None
 
     async def open(self, url: str) -> Blob:

@@ -1,0 +1,264 @@
+"""vLLM integration: ``vllm serve MODEL --load-format aioloader``.
+
+vLLM calls ``register`` once in every process it starts (the entry point
+``aioloader`` of the group ``vllm.general_plugins``, declared in this package's
+metadata). It registers ``AioloaderModelLoader`` under the load format
+``aioloader``; nothing else happens until vLLM asks for that format.
+
+``--model`` stays what vLLM needs for the config and tokenizer. The weights come
+from ``--model-loader-extra-config``'s ``url`` (a local path, ``http(s)://`` or
+``s3://``), else from the model folder (or ``model_weights`` where vLLM sets it).
+The keys are ``KEYS``; an unknown one fails at once, naming it.
+
+How the weights meet the model: vLLM's worker is synchronous and may own an event
+loop already, so the load runs on an event loop of its own, in a thread. Tensors
+reach ``model.load_weights`` through a generator as they complete, so loading and
+weight placement overlap. The files are loaded one after another, at most
+``WINDOW`` of them held at once: the model's parameters already hold the
+weights' memory, and a whole second copy of a large checkpoint would not fit
+beside them (in GPU memory above all). On a GPU the tensors land in device
+memory through this package's GPU path and are copied once more, on the
+device, into the parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import difflib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import HttpOptions, S3Options
+from .errors import ConfigError
+
+__all__ = ["KEYS", "WINDOW", "VllmOptions", "register", "stream_weights"]
+
+logger = logging.getLogger("vllm.aioloader")
+
+LOAD_FORMAT = "aioloader"
+WINDOW = 2  # files whose tensors may be held at once
+
+# key -> (type or types accepted, what it is)
+KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "url": ((str,), "where the weights are: a path, http(s):// or s3:// URL"),
+    "concurrency": ((int,), "reads in flight at once"),
+    "chunk_size": ((int, str), 'the largest single read, e.g. "16MiB"'),
+    "memory_limit": ((int, str), "bytes in flight and staged at once"),
+    "cache_dir": ((str,), "a node cache folder that remote files are kept in"),
+    "headers": ((dict,), "extra HTTP headers, e.g. an Authorization token"),
+    "max_attempts": ((int,), "attempts per range read before giving up"),
+    "stall_timeout": ((int, float), "seconds without a byte before a read is retried"),
+    "connect_timeout": ((int, float), "seconds to connect"),
+    "s3_endpoint_url": ((str,), "an S3-compatible endpoint (MinIO, Ceph RGW)"),
+    "s3_region": ((str,), "the S3 signing region"),
+    "s3_addressing": ((str,), '"auto", "path" or "virtual"'),
+    "s3_anonymous": ((bool,), "unsigned S3 requests (public buckets)"),
+    "s3_profile": ((str,), "a profile of the shared AWS config files"),
+}
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """``--model-loader-extra-config``, checked."""
+
+    url: str | None = None
+    loader: dict[str, Any] = field(default_factory=dict)  # Loader keyword arguments
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, Any] | None) -> VllmOptions:
+        """Check every key and value; raise ConfigError naming the first bad one."""
+        extra = dict(extra or {})
+        unknown = sorted(set(extra) - set(KEYS))
+        if unknown:
+            valid = ", ".join(sorted(KEYS))
+            close = difflib.get_close_matches(unknown[0], KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"--model-loader-extra-config: unknown key {', '.join(map(repr, unknown))}{hint} "
+                f"for --load-format {LOAD_FORMAT}; the valid keys are: {valid}"
+            )
+        for key, value in extra.items():
+            types, what = KEYS[key]
+            wrong_bool = isinstance(value, bool) and bool not in types
+            if not isinstance(value, types) or wrong_bool:
+                names = " or ".join(t.__name__ for t in types)
+                raise ConfigError(
+                    f"--model-loader-extra-config: {key!r} must be {names} ({what}), not {value!r}"
+                )
+        loader: dict[str, Any] = {
+            k: extra[k] for k in ("concurrency", "chunk_size", "memory_limit") if k in extra
+        }
+        loader["cache_dir"] = extra.get("cache_dir", False)
+        retries = ("max_attempts", "stall_timeout", "connect_timeout")
+        http = {k: extra[k] for k in retries if k in extra}
+        if http or "headers" in extra:
+            headers = tuple((str(k), str(v)) for k, v in extra.get("headers", {}).items())
+            loader["http"] = HttpOptions(headers=headers, **http)
+        s3 = {k[3:]: extra[k] for k in extra if k.startswith("s3_")}
+        if s3:
+            loader["s3"] = S3Options(**s3)
+        return cls(url=extra.get("url"), loader=loader)
+
+
+_DONE = object()
+
+
+def stream_weights(
+    url: str, *, device: str = "cpu", window: int = WINDOW, **loader: Any
+) -> Iterator[tuple[str, Any]]:
+    """The tensors of ``url`` as ``(name, tensor)``, for synchronous code.
+
+    The load runs on its own event loop in a thread; the files are loaded in
+    order, ``window`` at most held at once (a file's tensors count as held until
+    the caller has asked for the tensor after its last). Closing the generator
+    early cancels the load. ``loader`` holds ``Loader``'s keyword arguments.
+
+    Raises:
+        LoaderError: as the load raised it, naming the file, tensor or range.
+    """
+    results: queue.Queue[Any] = queue.Queue()
+    handle: dict[str, Any] = {}
+    started = threading.Event()
+
+    async def produce() -> None:
+        from .api import Loader
+
+        handle["loop"] = asyncio.get_running_loop()
+        handle["task"] = asyncio.current_task()
+        free = asyncio.Semaphore(window)
+        handle["free"] = free
+        started.set()
+        async with Loader(device=device, **loader) as source:
+            info = await source.inspect(url)
+            for file in info.layout.files:
+                await free.acquire()
+                async with source.stream(file) as stream:
+                    async for name, tensor in stream:
+                        results.put((name, tensor))
+                    results.put(("", stream.report))  # a file is done: its report
+        results.put(_DONE)
+
+    def main() -> None:
+        try:
+            asyncio.run(produce())
+        except BaseException as exc:  # handed to the consumer, raised there
+            results.put(exc)
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=main, name="aioloader-vllm", daemon=True)
+    thread.start()
+    started.wait()
+    release = _releaser(handle)
+    reports = []
+    try:
+        while True:
+            item = results.get()
+            if item is _DONE:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            name, tensor = item
+            if not name:
+                reports.append(tensor)
+                release()
+                continue
+            yield name, tensor
+    finally:
+        loop, task = handle.get("loop"), handle.get("task")
+        if thread.is_alive() and loop is not None and task is not None:
+            loop.call_soon_threadsafe(task.cancel)
+        thread.join()
+    for report in reports:
+        logger.info("aioloader: %s", report.summary())
+
+
+def _releaser(handle: dict[str, Any]) -> Callable[[], None]:
+    def release() -> None:
+        loop, free = handle.get("loop"), handle.get("free")
+        if loop is not None and free is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop ended meanwhile
+                loop.call_soon_threadsafe(free.release)
+
+    return release
+
+
+# -- the vLLM side -----------------------------------------------------------------------
+
+_registered = False
+_lock = threading.Lock()
+
+
+def register() -> None:
+    """vLLM's plugin hook: make ``--load-format aioloader`` known (idempotent, cheap)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from vllm.model_executor.model_loader import register_model_loader
+
+        register_model_loader(LOAD_FORMAT)(_loader_class())
+        _registered = True
+
+
+def _loader_class() -> type:
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    class AioloaderModelLoader(BaseModelLoader):  # type: ignore[misc]
+        """Loads the weights with aioloader (see the module docstring)."""
+
+        def __init__(self, load_config: Any) -> None:
+            super().__init__(load_config)
+            self.options = VllmOptions.parse(load_config.model_loader_extra_config)
+
+        def download_model(self, model_config: Any) -> None:
+            """Fill the node cache ahead of the load, when one is configured."""
+            cache_dir = self.options.loader.get("cache_dir")
+            url = _weights_url(self.options, model_config)
+            if cache_dir and "://" in url and not url.startswith("file://"):
+                from .cache.store import ModelCache
+
+                cache = ModelCache(cache_dir)
+                asyncio.run(cache.fetch(url))
+
+        def load_weights(self, model: Any, model_config: Any) -> None:
+            url = _weights_url(self.options, model_config)
+            device = _device_of(model)
+            expected = {name for name, _ in model.named_parameters()}
+            started = time.perf_counter()
+            loaded = model.load_weights(stream_weights(url, device=device, **self.options.loader))
+            logger.info("Loading weights took %.2f seconds", time.perf_counter() - started)
+            if getattr(model_config, "quantization", None) is None and loaded is not None:
+                missing = expected - set(loaded)
+                if missing:
+                    shown = ", ".join(sorted(missing)[:10])
+                    more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+                    raise ValueError(
+                        f"the checkpoint at {url} does not hold these weights of the model: "
+                        f"{shown}{more}; check that --model-loader-extra-config's url names "
+                        "the weights of this model"
+                    )
+
+    return AioloaderModelLoader
+
+
+def _weights_url(options: VllmOptions, model_config: Any) -> str:
+    if options.url:
+        return options.url
+    weights = getattr(model_config, "model_weights", None)
+    return str(weights or model_config.model)
+
+
+def _device_of(model: Any) -> str:
+    for parameter in model.parameters():
+        device = parameter.device
+        if device.type == "cuda":
+            return f"cuda:{device.index if device.index is not None else 0}"
+        return str(device.type)
+    return "cpu"

@@ -1,0 +1,65 @@
+"""``--model-loader-extra-config`` checking, without vLLM (aioloader.vllm imports it lazily)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aioloader import ConfigError, HttpOptions, S3Options
+from aioloader.vllm import KEYS, VllmOptions
+
+
+def test_every_key_becomes_a_loader_setting() -> None:
+    options = VllmOptions.parse(
+        {
+            "url": "s3://bucket/llama/",
+            "concurrency": 32,
+            "chunk_size": "8MiB",
+            "memory_limit": 1 << 30,
+            "cache_dir": "/var/cache/aioloader",
+            "headers": {"Authorization": "Bearer x"},
+            "max_attempts": 3,
+            "stall_timeout": 5,
+            "connect_timeout": 2.5,
+            "s3_endpoint_url": "http://minio:9000",
+            "s3_region": "eu-west-1",
+            "s3_addressing": "path",
+            "s3_anonymous": False,
+            "s3_profile": "serving",
+        }
+    )
+    assert options.url == "s3://bucket/llama/"
+    assert options.loader["concurrency"] == 32 and options.loader["chunk_size"] == "8MiB"
+    assert options.loader["cache_dir"] == "/var/cache/aioloader"
+    http = options.loader["http"]
+    assert isinstance(http, HttpOptions)
+    assert http.headers == (("Authorization", "Bearer x"),) and http.max_attempts == 3
+    assert options.loader["s3"] == S3Options(
+        endpoint_url="http://minio:9000", region="eu-west-1", addressing="path",
+        anonymous=False, profile="serving",
+    )  # fmt: skip
+
+
+def test_no_keys_means_no_cache_unless_asked() -> None:
+    assert VllmOptions.parse(None) == VllmOptions(url=None, loader={"cache_dir": False})
+
+
+def test_an_unknown_key_is_named_with_the_valid_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        VllmOptions.parse({"concurency": 4})
+    message = str(info.value)
+    assert "unknown key 'concurency' (did you mean 'concurrency'?)" in message
+    assert all(key in message for key in KEYS)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("concurrency", "16"), ("concurrency", True), ("s3_anonymous", "yes"), ("headers", [])],
+)
+def test_a_value_of_the_wrong_type_is_named(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"'{key}' must be"):
+        VllmOptions.parse({key: value})
+
+
+def test_a_bad_s3_addressing_fails_early() -> None:
+    with pytest.raises(ConfigError):
+        VllmOptions.parse({"s3_addressing": "sideways"})
