@@ -14,6 +14,7 @@ from .cache.store import REMOTE_SCHEMES
 from .config import HttpOptions, Limits, S3Options
 from .devices.auto import device_for
 from .devices.base import Device
+from .distributed import announce_failure
 from .errors import ClosedError, ConfigError
 from .layout import ModelLayout
 from .pipeline import Load, Progress, Selection, open_model
@@ -90,6 +91,10 @@ class Loader:
         cache_dir: a folder (or ModelCache) that remote files are cached in and loaded
             from while unchanged on the server; default ``$AIOLOADER_CACHE_DIR`` if set,
             ``False`` for none.
+        group: a ``torch.distributed`` process group (gloo) whose ranks all load the same
+            model: each reads about 1/N of the bytes and the ranks exchange the rest, so
+            every rank ends with every tensor (see aioloader/distributed.py). Every rank
+            must make the same calls, in the same order.
 
     Use as ``async with Loader() as loader:``; ``aclose()`` is idempotent and a
     closed loader refuses new work.
@@ -108,6 +113,7 @@ class Loader:
         s3: S3Options | None = None,
         framework: str = "torch",
         cache_dir: CacheDir = None,
+        group: Any = None,
     ) -> None:
         if headers is not None:
             http = replace(http or HttpOptions(), headers=tuple(headers.items()))
@@ -118,6 +124,12 @@ class Loader:
             concurrency=concurrency, chunk_size=chunk_size, memory_limit=memory_limit
         )
         self._device: Device = device_for(device, self.limits, framework)
+        if group is not None and self._device.name != "cpu":
+            raise ConfigError(
+                f"group= exchanges host memory over gloo; load to device='cpu' (not "
+                f"{self._device.name}) and move the tensors, or load without group="
+            )
+        self._group = group
         self._budget = ByteBudget(self.limits.staging_bytes)
         self._cache = _cache_for(cache_dir)
         self._sources: dict[str, Source] = {}
@@ -227,9 +239,16 @@ class Loader:
     ) -> LoadReport:
         self._check_open()
         source = self._source(url, cached=True)
+        try:
+            model = await open_model(source, url, self.limits.concurrency)
+        except BaseException as exc:
+            if self._group is not None:  # the other ranks wait to hear from this one
+                await announce_failure(self._group, exc)
+            raise
         load = Load(
             url=_display(url),
-            model=await open_model(source, url, self.limits.concurrency),
+            model=model,
+            group=self._group,
             device=self._device,
             limits=self.limits,
             budget=self._budget,
@@ -276,6 +295,7 @@ async def load_model(
     s3: S3Options | None = None,
     framework: str = "torch",
     cache_dir: CacheDir = None,
+    group: Any = None,
 ) -> dict[str, Any]:
     """Load a safetensors model in one call.
 
@@ -285,7 +305,7 @@ async def load_model(
         device: where the tensors go: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         framework: ``"torch"``, ``"numpy"`` (cpu) or ``"cupy"`` (cuda).
         tensors: names to load, or a predicate on names; ``None`` loads all.
-        limits, concurrency, chunk_size, memory_limit, http, headers, s3, cache_dir:
+        limits, concurrency, chunk_size, memory_limit, http, headers, s3, cache_dir, group:
             see ``Loader``.
 
     Returns:
@@ -305,6 +325,7 @@ async def load_model(
         s3=s3,
         framework=framework,
         cache_dir=cache_dir,
+        group=group,
     ) as loader:
         return await loader.load(url, tensors=tensors)
 

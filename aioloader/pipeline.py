@@ -22,6 +22,7 @@ from typing import Any
 
 from .config import Limits
 from .devices.base import Device, SpanAllocation, Staged
+from .distributed import Exchange, announce_failure, run_exchange
 from .errors import FormatError, HeaderError, NotFoundError, ReadError, SelectionError
 from .layout import ModelLayout, resolve_layout
 from .plan import Read, Span, plan_reads
@@ -211,8 +212,11 @@ class Load:
         emit: Emit,
         progress: Progress,
         on_metadata: Callable[[dict[str, str]], None] | None,
+        group: Any = None,
     ) -> None:
         self.url = url
+        self.group = group
+        self.exchange: Exchange | None = None
         self.model = model
         self.layout = model.layout
         self.device = device
@@ -234,14 +238,22 @@ class Load:
     async def run(self) -> LoadReport:
         headers = self.model.headers
         async with self.model:
-            plan = self._plan(headers)
+            try:
+                plan = self._plan(headers)
+            except BaseException as exc:
+                if self.group is not None:
+                    await announce_failure(self.group, exc)
+                raise
+            if self.group is not None:
+                self.exchange = Exchange(self.group, plan.reads)
+                await self.exchange.agree()
             self.header_done = time.perf_counter()
             # Imports and (for a GPU) the device's context are set up in a thread
             # before the first tensor is allocated; not part of the read time.
             await self.device.prepare()
             await self._allocate(plan)
             self.read_started = self.last_read_done = time.perf_counter()
-            await self._transfer(plan.reads)
+            await self._transfer(plan.reads if self.exchange is None else self.exchange.mine())
         return self._report(len(headers), len(plan.chosen))
 
     def _plan(self, headers: Sequence[FileHeader]) -> _Plan:
@@ -282,6 +294,8 @@ class Load:
         workers = [self._reader(pending) for _ in range(min(self.limits.concurrency, len(reads)))]
         if self.device.copies:
             workers.append(self._completer(len(reads)))
+        if self.exchange is not None:
+            workers.append(run_exchange(self.exchange, self.allocations, self._landed))
         try:
             await gather(workers)
         finally:
@@ -297,7 +311,12 @@ class Load:
         for read in pending:
             async with device.stage(read, self.allocations[read.span], self.share) as staged:
                 assert staged.buffer is not None
-                await self._read(read, staged.buffer)
+                try:
+                    await self._read(read, staged.buffer)
+                except BaseException as exc:
+                    if self.exchange is not None:  # the other ranks hear it from this one
+                        self.exchange.fail(f"{type(exc).__name__}: {exc}")
+                    raise
                 device.commit(staged)
             self.last_read_done = time.perf_counter()
             if device.copies:
@@ -305,6 +324,8 @@ class Load:
             else:
                 await device.finish(staged)
                 self._landed(read)
+                if self.exchange is not None:
+                    self.exchange.landed(read)
 
     async def _read(self, read: Read, buffer: memoryview) -> None:
         try:
@@ -357,6 +378,7 @@ class Load:
             total_seconds=finished - self.started,
             peak_staging_bytes=self.share.peak,
             settings=self.limits.as_dict(),
+            own_bytes=None if self.exchange is None else self.exchange.own_bytes,
         )
         logger.info("%s", report.summary())
         if report.copy_seconds and report.total_seconds > 1.0 and report.overlap < 0.5:

@@ -27,6 +27,8 @@ class LoadReport:
         total_seconds: the whole load, wall clock.
         peak_staging_bytes: the most bytes in flight and in staging at once.
         settings: concurrency, chunk_size and memory_limit as used.
+        own_bytes: with ``group=``, the bytes this rank read from the source itself
+            (the rest came from the other ranks); None otherwise.
     """
 
     url: str
@@ -40,6 +42,7 @@ class LoadReport:
     total_seconds: float
     peak_staging_bytes: int
     settings: dict[str, int] = field(default_factory=dict)
+    own_bytes: int | None = None
 
     def __post_init__(self) -> None:
         # A report is logged and printed: a presigned URL's signature must not be.
@@ -80,6 +83,7 @@ class LoadReport:
     def summary(self) -> str:
         """One line, starting ``Loading weights took``, for logs and terminals."""
         s = self.settings
+        own = f", read {format_size(self.own_bytes)} itself" if self.own_bytes is not None else ""
         return (
             f"Loading weights took {self.total_seconds:.2f} s: {format_size(self.bytes)} in "
             f"{self.tensors} tensors from {self.files} file{'s' if self.files != 1 else ''} "
@@ -89,7 +93,8 @@ class LoadReport:
             f"chunk_size={format_size(s.get('chunk_size', 0))} "
             f"memory_limit={format_size(s.get('memory_limit', 0))}, "
             f"peak staging {format_size(self.peak_staging_bytes)}, bottleneck {self.bottleneck}"
-            f"{f', overlap {self.overlap:.0%}' if self.copy_seconds else ''}) from {self.url}"
+            f"{f', overlap {self.overlap:.0%}' if self.copy_seconds else ''}"
+            f"{own}) from {self.url}"
         )
 
     def as_dict(self) -> dict[str, object]:

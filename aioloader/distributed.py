@@ -1,0 +1,236 @@
+"""Loading once per group of processes: each rank reads a share, the ranks exchange the rest.
+
+With tensor or pipeline parallelism, N processes on a node (or across nodes) load
+the same checkpoint. Given a ``torch.distributed`` process group, every rank plans
+the same reads (the plan is a pure function of the headers), and the reads are
+split into N shares balanced by bytes: consecutive reads in file order, so a rank
+reads whole files where there are enough of them and parts of a file where there
+are not. Each rank reads its share from the source (file, HTTP, S3, cache) into the
+tensors' final memory, and every read is broadcast from the rank that read it
+straight into the same place on every other rank: no extra copy, and nothing held
+beyond the tensors themselves.
+
+The broadcasts run in one thread per rank, in the same order on every rank (round
+robin over the shares, so each rank's first reads go out first), while the event
+loop goes on reading: exchange overlaps reading. Each read's data goes after a
+small status broadcast from its owner, so that a rank that fails (or is
+cancelled) tells the others at that point, and every rank stops with an error that
+names it. A rank that dies outright is noticed when the process group's timeout
+(``init_process_group(timeout=...)``) expires in the broadcast that waits for it.
+
+Before anything is read, the ranks compare what they planned (an all-gather of a
+fingerprint of the files and reads, or of the error that stopped them): different
+models, settings or selections on different ranks fail at once, naming the ranks.
+
+Host memory only for now: the exchange goes over the group's backend (gloo) on
+CPU tensors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .errors import ConfigError, LoaderError
+from .plan import Read, Span
+
+__all__ = ["DistributedError", "Exchange", "announce_failure", "run_exchange", "split_by_bytes"]
+
+_OK, _FAILED = 1, 0
+_MESSAGE = 2048  # bytes of a failure message sent to the other ranks
+
+
+class DistributedError(LoaderError):
+    """Another rank of the group failed, or the ranks disagree on what to load."""
+
+
+def split_by_bytes(reads: Sequence[Read], ranks: int) -> list[int]:
+    """The owning rank of each read: consecutive runs of reads, about equal in bytes."""
+    total = sum(r.nbytes for r in reads)
+    owners = []
+    done = 0
+    for read in reads:
+        # The rank whose share holds this read's middle byte.
+        middle = done + read.nbytes // 2
+        owners.append(min(ranks - 1, middle * ranks // max(total, 1)))
+        done += read.nbytes
+    return owners
+
+
+def _fingerprint(reads: Sequence[Read]) -> str:
+    digest = hashlib.sha256()
+    for read in reads:
+        digest.update(f"{read.span.file}:{read.start}:{read.end};".encode())
+    return digest.hexdigest()
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    return dist
+
+
+def _gather_status(group: Any, mine: tuple[str | None, str | None]) -> list[Any]:
+    dist = _dist()
+    statuses: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(statuses, mine, group=group)
+    return statuses
+
+
+def _check_statuses(statuses: list[Any], rank: int) -> None:
+    failed = [(r, s[1]) for r, s in enumerate(statuses) if s[1] is not None and r != rank]
+    if failed:
+        named = "; ".join(f"rank {r}: {message}" for r, message in failed)
+        raise DistributedError(
+            f"{len(failed)} rank(s) of the group failed to start the load: {named}"
+        )
+    plans = {s[0] for s in statuses}
+    if len(plans) > 1:
+        by_plan: dict[str, list[int]] = {}
+        for r, s in enumerate(statuses):
+            by_plan.setdefault(s[0], []).append(r)
+        groups = " / ".join(f"ranks {', '.join(map(str, rs))}" for rs in by_plan.values())
+        raise DistributedError(
+            f"the ranks planned different loads ({groups}): every rank must load the same "
+            "URL with the same tensors= selection and chunk_size"
+        )
+
+
+async def announce_failure(group: Any, error: BaseException) -> None:
+    """Tell the other ranks, waiting in ``Exchange.agree``, that this one cannot load."""
+    from ._threads import run_blocking
+
+    message = f"{type(error).__name__}: {error}"[:_MESSAGE]
+    await run_blocking(None, lambda: _gather_status(group, (None, message)))
+
+
+class Exchange:
+    """The shares of one load's reads across ``group``, and the broadcasts between them."""
+
+    def __init__(self, group: Any, reads: Sequence[Read]) -> None:
+        dist = _dist()
+        if dist.get_backend(group) not in ("gloo", "GLOO"):
+            raise ConfigError(
+                f"group= needs a gloo process group for host memory, not "
+                f"{dist.get_backend(group)}; make one with dist.new_group(backend='gloo')"
+            )
+        self.group = group
+        self.rank: int = dist.get_rank(group)
+        self.world: int = dist.get_world_size(group)
+        self.reads = list(reads)
+        self.owners = split_by_bytes(self.reads, self.world)
+        self._global = [dist.get_global_rank(group, r) for r in range(self.world)]
+        self._landed = {i: threading.Event() for i, o in enumerate(self.owners) if o == self.rank}
+        self._index = {id(read): i for i, read in enumerate(self.reads)}
+        self._failure: str | None = None
+
+    def mine(self) -> list[Read]:
+        """The reads this rank reads itself, in file order."""
+        return [r for r, o in zip(self.reads, self.owners, strict=True) if o == self.rank]
+
+    @property
+    def own_bytes(self) -> int:
+        return sum(r.nbytes for r in self.mine())
+
+    async def agree(self) -> None:
+        """Check that every rank planned the same load (a collective: every rank calls it)."""
+        from ._threads import run_blocking
+
+        mine = (_fingerprint(self.reads), None)
+        statuses = await run_blocking(None, lambda: _gather_status(self.group, mine))
+        _check_statuses(statuses, self.rank)
+
+    def landed(self, read: Read) -> None:
+        """This rank's own read is in place: its broadcast may go (thread-safe)."""
+        self._landed[self._index[id(read)]].set()
+
+    def fail(self, reason: str) -> None:
+        """This rank stops: its next broadcast tells the others (thread-safe)."""
+        if self._failure is None:
+            self._failure = reason[:_MESSAGE]
+
+    def order(self) -> list[int]:
+        """Read indexes in broadcast order: round robin over the ranks' shares."""
+        shares: list[list[int]] = [[] for _ in range(self.world)]
+        for i, owner in enumerate(self.owners):
+            shares[owner].append(i)
+        ordered: list[int] = []
+        for step in range(max((len(s) for s in shares), default=0)):
+            ordered.extend(s[step] for s in shares if step < len(s))
+        return ordered
+
+    def run(
+        self, buffer_of: Callable[[Read], memoryview], received: Callable[[Read], None]
+    ) -> None:
+        """Broadcast every read, in ``order()`` (blocking: run it in a thread).
+
+        Raises:
+            DistributedError: a rank failed; this one raises too, naming it.
+        """
+        import numpy as np
+        import torch
+
+        dist = _dist()
+        status = torch.zeros(1 + _MESSAGE, dtype=torch.uint8)
+        for i in self.order():
+            read, owner = self.reads[i], self.owners[i]
+            source = self._global[owner]
+            if owner == self.rank:
+                event = self._landed[i]
+                while not event.wait(0.05) and self._failure is None:
+                    pass
+                status.zero_()
+                if event.is_set() and self._failure is None:
+                    status[0] = _OK
+                else:
+                    text = (self._failure or "stopped").encode()[:_MESSAGE]
+                    status[1 : 1 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+                dist.broadcast(status, src=source, group=self.group)
+                if status[0] != _OK:
+                    raise DistributedError(f"rank {self.rank} stopped: {self._failure}")
+            else:
+                dist.broadcast(status, src=source, group=self.group)
+                if status[0] != _OK:
+                    message = bytes(status[1:].numpy()).rstrip(b"\0").decode(errors="replace")
+                    raise DistributedError(
+                        f"rank {owner} of {self.world} failed while loading "
+                        f"{read.describe()}: {message}"
+                    )
+            data = torch.from_numpy(np.frombuffer(buffer_of(read), dtype=np.uint8))
+            dist.broadcast(data, src=source, group=self.group)
+            if owner != self.rank:
+                received(read)
+
+
+async def run_exchange(
+    ex: Exchange, allocations: Mapping[Span, Any], landed: Callable[[Read], None]
+) -> None:
+    """Run ``ex``'s broadcasts in a thread; ``landed`` hears of each read received.
+
+    When this load fails or is cancelled meanwhile, the thread is told to stop: its
+    next broadcast tells the other ranks, and it is waited for before this returns.
+    """
+    loop = asyncio.get_running_loop()
+
+    def buffer_of(read: Read) -> memoryview:
+        array = allocations[read.span].array  # host memory (see Exchange)
+        base = read.span.start
+        return memoryview(array[read.start - base : read.end - base])
+
+    def received(read: Read) -> None:
+        loop.call_soon_threadsafe(landed, read)
+
+    future = loop.run_in_executor(None, lambda: ex.run(buffer_of, received))
+    try:
+        await asyncio.shield(future)
+    except asyncio.CancelledError:
+        ex.fail("cancelled")
+        while not future.done():
+            try:
+                await asyncio.wait([future])
+            except asyncio.CancelledError:
+                continue
+        raise
