@@ -11,6 +11,7 @@ from __future__ import annotations
 from .api import Loader, ModelInfo, StreamStatistics, TensorStream, inspect_model, load_model
 from .cache import CachedModel, ModelCache
 from .config import HttpOptions, Limits, S3Options
+from .distributed import DistributedError
 from .errors import (
     AccessDeniedError,
     CacheError,
@@ -38,6 +39,7 @@ __all__ = [
     "CachedModel",
     "ClosedError",
     "ConfigError",
+    "DistributedError",
     "FileHeader",
     "FormatError",
     "HeaderError",

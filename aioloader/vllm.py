@@ -60,6 +60,7 @@ KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "s3_addressing": ((str,), '"auto", "path" or "virtual"'),
     "s3_anonymous": ((bool,), "unsigned S3 requests (public buckets)"),
     "s3_profile": ((str,), "a profile of the shared AWS config files"),
+    "distributed": ((bool,), "each of vLLM's ranks reads 1/N, the ranks exchange the rest"),
 }
 
 
@@ -69,6 +70,7 @@ class VllmOptions:
 
     url: str | None = None
     loader: dict[str, Any] = field(default_factory=dict)  # Loader keyword arguments
+    distributed: bool = False
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any] | None) -> VllmOptions:
@@ -103,7 +105,7 @@ class VllmOptions:
         s3 = {k[3:]: extra[k] for k in extra if k.startswith("s3_")}
         if s3:
             loader["s3"] = S3Options(**s3)
-        return cls(url=extra.get("url"), loader=loader)
+        return cls(url=extra.get("url"), loader=loader, distributed=extra.get("distributed", False))
 
 
 _DONE = object()

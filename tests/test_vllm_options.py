@@ -25,8 +25,10 @@ def test_every_key_becomes_a_loader_setting() -> None:
             "s3_addressing": "path",
             "s3_anonymous": False,
             "s3_profile": "serving",
+            "distributed": True,
         }
     )
+    assert options.distributed
     assert options.url == "s3://bucket/llama/"
     assert options.loader["concurrency"] == 32 and options.loader["chunk_size"] == "8MiB"
     assert options.loader["cache_dir"] == "/var/cache/aioloader"
