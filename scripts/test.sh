@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite (extra arguments go to pytest).
+# The Ray tests run in .venv-ray when it exists (scripts/ray_setup.sh; CI makes it);
+# the vLLM tests use .venv-vllm the same way (scripts/vllm_setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-exec python -m pytest "$@"
+python -m pytest "$@"
+if [ -x .venv-ray/bin/python ]; then
+    .venv-ray/bin/python -m pytest -p no:cacheprovider tests/test_ray.py "$@"
+fi

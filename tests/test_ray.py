@@ -1,0 +1,240 @@
+"""aioloader in Ray: loads inside actors, ``preload`` on every node, one host copy per node.
+
+A real local Ray cluster (``ray.cluster_utils.Cluster``, 3 nodes of 1 CPU) serves as
+the cluster; weights come from a loopback HTTP server and a loopback S3 server.
+All the test nodes share this machine's file system, so each gets its own cache
+folder through ``{node_id}`` in ``cache_dir``. Skipped where Ray is not installed
+(``scripts/ray_setup.sh`` makes ``.venv-ray``; ``scripts/test.sh`` runs this file
+there).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+
+import aioloader  # noqa: E402
+from aioloader.ray import load_shared, preload, release_shared  # noqa: E402
+
+from .helpers import assert_matches_files, write_sharded  # noqa: E402
+from .servers import FaultyHttpServer, MotoS3Server  # noqa: E402
+
+MiB = 1 << 20
+
+
+def model(folder: Path, megabytes: int = 16, seed: int = 0) -> list[Path]:
+    gen = torch.Generator().manual_seed(seed)
+    count = megabytes  # 1 MiB tensors
+    tensors = {f"w.{i:03d}": torch.randn(MiB // 4, generator=gen) for i in range(count)}
+    tensors["bf16"] = torch.randn(1000, generator=gen).to(torch.bfloat16)
+    index = write_sharded(folder, tensors, shards=2)
+    return sorted(index.parent.glob("*.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, moto_server: MotoS3Server
+) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("ray")
+    with pytest.MonkeyPatch.context() as patch:
+        moto_server.set_env(patch, tmp)  # the workers inherit the S3 settings
+        patch.setenv("RAY_DEDUP_LOGS", "0")
+        nodes = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1, "object_store_memory": 256 * MiB, "include_dashboard": False,
+            },
+        )  # fmt: skip
+        for _ in range(2):
+            nodes.add_node(num_cpus=1, object_store_memory=256 * MiB)
+        ray.init(address=nodes.address, include_dashboard=False, log_to_driver=False)
+        try:
+            yield {"cluster": nodes, "tmp": tmp, "moto": moto_server}
+        finally:
+            ray.shutdown()
+            nodes.shutdown()
+
+
+def alive_nodes() -> list[str]:
+    return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+
+
+def test_preload_fills_every_node_and_again_finds_it_cached(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    files = model(http_server.root / "m")
+    url = http_server.url_for("m/model.safetensors.index.json")
+    index = http_server.root / "m" / "model.safetensors.index.json"
+    size = sum(p.stat().st_size for p in files) + index.stat().st_size
+    template = str(tmp_path / "cache-{node_id}")
+
+    first = preload(url, cache_dir=template, concurrency=4)
+    assert [r.node_id for r in first] == alive_nodes() and len(first) == 3
+    for result in first:
+        assert result.ok, result
+        assert result.fetched == size and result.cached == 0
+        assert result.cache_dir == template.format(node_id=result.node_id)
+    for result in first:  # every node's copy, bit for bit
+        assert_matches_files(_load_sync(url, result.cache_dir, http_server), *files)
+
+    again = preload(url, cache_dir=template)
+    assert all(r.ok and r.fetched == 0 and r.cached == size for r in again), again
+
+
+def _load_sync(url: str, cache_dir: str, server: FaultyHttpServer) -> dict[str, Any]:
+    import asyncio
+
+    server.reset_counters()
+    got = asyncio.run(aioloader.load_model(url, cache_dir=cache_dir))
+    assert all(r.range and r.range.startswith("bytes=0-") for r in server.gets())  # probes only
+    return got
+
+
+def test_preload_from_s3_on_chosen_nodes(cluster: dict[str, Any], tmp_path: Path) -> None:
+    files = model(tmp_path / "m", megabytes=8, seed=2)
+    server = _moto(cluster)
+    server.upload("ray-bucket", "m", tmp_path / "m")
+    nodes = alive_nodes()[:2]
+    results = preload("s3://ray-bucket/m/", cache_dir=str(tmp_path / "c-{node_id}"), nodes=nodes)
+    assert [r.node_id for r in results] == nodes
+    assert all(r.ok and r.fetched > sum(p.stat().st_size for p in files) for r in results), results
+    assert not any(Path(tmp_path / f"c-{n}").exists() for n in alive_nodes()[2:])
+
+
+def _moto(cluster: dict[str, Any]) -> MotoS3Server:
+    # The session's moto server: the fixture is module-scoped through `cluster`.
+    server: MotoS3Server = cluster["moto"]
+    return server
+
+
+def test_a_failing_node_is_reported_beside_the_others(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    model(http_server.root / "m")
+    url = http_server.url_for("m/model.safetensors.index.json")
+    nodes = [*alive_nodes(), "f" * 56]
+    results = preload(url, cache_dir=str(tmp_path / "c-{node_id}"), nodes=nodes)
+    assert all(r.ok for r in results[:3]) and "no alive Ray node" in (results[3].error or "")
+
+    nowhere = http_server.url_for("nowhere/model.safetensors")
+    missing = preload(nowhere, cache_dir=str(tmp_path / "x-{node_id}"))
+    assert len(missing) == 3 and all("NotFoundError" in (r.error or "") for r in missing)
+
+
+@ray.remote(num_cpus=0)
+class Replica:
+    """An async actor that loads a model and answers pings meanwhile."""
+
+    async def load(self, url: str, cache_dir: str | None = None) -> int:
+        tensors = await aioloader.load_model(
+            url, cache_dir=cache_dir or False, concurrency=2, chunk_size="1MiB"
+        )
+        self.tensors = tensors
+        return len(tensors)
+
+    async def ping(self) -> float:
+        return time.monotonic()
+
+    async def shared(self, url: str) -> dict[str, Any]:
+        self.tensors = await load_shared(url, cache_dir=False)
+        return {
+            "names": sorted(self.tensors),
+            "digests": {n: _digest(t) for n, t in self.tensors.items()},
+            "memory": _memory(),
+        }
+
+    async def alone(self, url: str) -> dict[str, Any]:
+        self.tensors = await aioloader.load_model(url, cache_dir=False)
+        return {"memory": _memory()}
+
+
+def _digest(tensor: torch.Tensor) -> str:
+    import hashlib
+
+    raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return f"{tensor.dtype}{tuple(tensor.shape)}:{hashlib.sha256(raw).hexdigest()}"
+
+
+def _memory() -> dict[str, int]:
+    """This process's memory from /proc/self/smaps_rollup (kB): Rss, Pss, and USS."""
+    fields = {}
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:]:
+        key, value = line.split(":", 1)
+        fields[key] = int(value.split()[0])
+    return {
+        "rss": fields["Rss"],
+        "pss": fields["Pss"],
+        "uss": fields["Private_Clean"] + fields["Private_Dirty"],
+    }
+
+
+def test_an_actor_answers_during_its_load_and_a_killed_one_leaves_nothing_locked(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    files = model(http_server.root / "m", megabytes=8)
+    url = http_server.url_for("m/model.safetensors.index.json")
+    http_server.stall(None, 0.4, count=1000)  # 1 MiB reads, 2 at a time: about 4 s
+    actor = Replica.remote()
+    ray.get(actor.ping.remote())
+    loading = actor.load.remote(url, str(tmp_path / "cache"))
+    answered = []
+    for _ in range(10):
+        started = time.monotonic()
+        ray.get(actor.ping.remote(), timeout=5)
+        answered.append(time.monotonic() - started)
+        time.sleep(0.1)
+    assert max(answered) < 1.0, answered
+    ray.kill(actor)  # mid-load: its cache entries are partial and locked by it
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(loading)
+
+    http_server.clear_faults()
+    fresh = Replica.remote()
+    assert ray.get(fresh.load.remote(url, str(tmp_path / "cache")), timeout=60) == 9
+    import asyncio
+
+    again = asyncio.run(aioloader.load_model(url, cache_dir=str(tmp_path / "cache")))
+    assert_matches_files(again, *files)
+
+
+def test_replicas_on_a_node_share_one_host_copy(
+    cluster: dict[str, Any], http_server: FaultyHttpServer
+) -> None:
+    files = model(http_server.root / "m", megabytes=64, seed=3)
+    url = http_server.url_for("m/model.safetensors.index.json")
+    size = sum(p.stat().st_size for p in files)
+    node = alive_nodes()[1]
+    pinned = NodeAffinitySchedulingStrategy(node, soft=False)
+    http_server.reset_counters()
+    replicas = [Replica.options(scheduling_strategy=pinned).remote() for _ in range(4)]
+    shared = ray.get([r.shared.remote(url) for r in replicas], timeout=120)
+    sent_shared = http_server.bytes_sent
+    try:
+        reference = {}
+        from safetensors.torch import load_file
+
+        for path in files:
+            reference.update(load_file(path))
+        for got in shared:
+            assert got["names"] == sorted(reference)
+            assert got["digests"] == {n: _digest(t) for n, t in reference.items()}  # bit for bit
+        assert sent_shared < size * 1.2  # read once for the node, not four times
+
+        loners = [Replica.options(scheduling_strategy=pinned).remote() for _ in range(2)]
+        alone = ray.get([r.alone.remote(url) for r in loners])
+        uss_shared = [g["memory"]["uss"] for g in shared]
+        uss_alone = [g["memory"]["uss"] for g in alone]
+        # A replica that loads alone owns the model's bytes; a sharing one does not.
+        assert max(uss_shared) + size // 2048 < min(uss_alone), (uss_shared, uss_alone)
+    finally:
+        release_shared(url)
