@@ -39,7 +39,11 @@ def source_for(
         from .s3 import S3Source
 
         return S3Source(concurrency, http, s3)
+    if scheme == "gs":
+        from .gcs import GcsSource
+
+        return GcsSource(concurrency, http)
     raise ConfigError(
         f"{url}: URL scheme {scheme!r} is not supported; aioloader reads local paths, "
-        "file://, http://, https:// and s3:// URLs"
+        "file://, http://, https://, s3:// and gs:// URLs"
     )

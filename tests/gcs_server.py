@@ -1,0 +1,92 @@
+"""gcp-storage-emulator behind a real local endpoint for tests: ``GcsEmulator``.
+
+It listens on 127.0.0.1 on a port the OS picks and serves from a background
+thread, in memory. Found by experiment (gcp-storage-emulator 2026.7.19): media
+downloads honour ``Range: bytes=a-b`` and ``bytes=a-`` and answer 206 with
+``Content-Range``, but send no ``ETag`` and no ``x-goog-generation``, and ignore
+``If-Match`` and ``ifGenerationMatch``; listing with ``prefix`` and ``delimiter``
+works; nothing checks credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote, urlencode
+
+__all__ = ["GcsEmulator"]
+
+
+class GcsEmulator:
+    """Use as ``with GcsEmulator() as gcs:``; ``gcs.endpoint`` is its base URL."""
+
+    def __init__(self) -> None:
+        self._server: Any = None
+        self.port = 0
+
+    def start(self) -> Self:
+        from gcp_storage_emulator.server import create_server
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self._server = create_server("127.0.0.1", self.port, in_memory=True)
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _request(self, method: str, path: str, body: bytes, content_type: str) -> Any:
+        request = urllib.request.Request(
+            self.endpoint + path, data=body, method=method, headers={"Content-Type": content_type}
+        )
+        with urllib.request.urlopen(request) as response:
+            return json.loads(response.read() or b"{}")
+
+    def create_bucket(self, bucket: str) -> None:
+        self._request(
+            "POST", "/storage/v1/b", json.dumps({"name": bucket}).encode(), "application/json"
+        )
+
+    def put(self, bucket: str, name: str, body: bytes) -> Any:
+        query = urlencode({"uploadType": "media", "name": name})
+        return self._request(
+            "POST",
+            f"/upload/storage/v1/b/{quote(bucket)}/o?{query}",
+            body,
+            "application/octet-stream",
+        )
+
+    def upload(self, bucket: str, prefix: str, folder: Path) -> list[str]:
+        """Every file of ``folder`` as ``prefix/<name>`` (the bucket is made if missing)."""
+        try:
+            self.create_bucket(bucket)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:
+                raise
+        names = []
+        for path in sorted(p for p in folder.iterdir() if p.is_file()):
+            name = f"{prefix}/{path.name}" if prefix else path.name
+            self.put(bucket, name, path.read_bytes())
+            names.append(name)
+        return names
