@@ -41,7 +41,7 @@ __all__ = ["ModelCache"]
 
 logger = logging.getLogger("aioloader")
 
-REMOTE_SCHEMES = frozenset({"http", "https", "s3", "gs"})
+REMOTE_SCHEMES = frozenset({"http", "https", "s3", "gs", "az"})
 
 
 @dataclass

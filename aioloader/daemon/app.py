@@ -46,7 +46,7 @@ __all__ = ["DaemonState", "RequestError", "check_url", "make_app"]
 
 logger = redacting_logger(__name__)
 
-_SCHEMES = ("http", "https", "s3", "gs")
+_SCHEMES = ("http", "https", "s3", "gs", "az")
 _FIELDS = {"url", "id"}
 _MAX_URL = 4096
 MAX_BODY = 64 * 1024
@@ -102,8 +102,8 @@ def check_url(url: object, allow: AllowList | None = None) -> str:
             400,
             "unsupported_scheme",
             f"URL scheme {scheme!r} is not supported: the daemon caches remote models "
-            "(http://, https://, s3://, gs://); local paths and file:// URLs are already on "
-            "the node",
+            "(http://, https://, s3://, gs://, az://); local paths and file:// URLs are already "
+            "on the node",
         )
     try:
         netloc = urlsplit(url).netloc

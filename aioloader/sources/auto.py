@@ -6,6 +6,7 @@ from urllib.parse import urlparse
 
 from ..config import HttpOptions, S3Options
 from ..errors import ConfigError
+from .azure import is_azure_url
 from .base import Source
 
 __all__ = ["scheme_of", "source_for"]
@@ -27,6 +28,10 @@ def source_for(
         ConfigError: no backend reads this kind of URL.
     """
     scheme = scheme_of(url)
+    if scheme == "az" or (scheme == "https" and is_azure_url(url)):
+        from .azure import AzureSource
+
+        return AzureSource(concurrency, http)
     if scheme == "file":
         from .file import FileSource
 
@@ -45,5 +50,5 @@ def source_for(
         return GcsSource(concurrency, http)
     raise ConfigError(
         f"{url}: URL scheme {scheme!r} is not supported; aioloader reads local paths, "
-        "file://, http://, https://, s3:// and gs:// URLs"
+        "file://, http://, https://, s3://, gs:// and az:// URLs"
     )

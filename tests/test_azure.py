@@ -1,0 +1,118 @@
+"""Azure Blob Storage against Azurite on 127.0.0.1 (see tests/azure_server.py).
+
+``az://container/path`` with the account from ``AZURE_STORAGE_CONNECTION_STRING``
+(its key becomes a read-only SAS through azure-storage-blob), a SAS token given
+in the environment, and a bad key; every tensor compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from aioloader import AccessDeniedError, ModelCache, NotFoundError, load_model
+
+from .azure_server import AZURITE, KEY, AzuriteServer
+from .helpers import assert_matches_files, random_tensors, write_file, write_sharded
+
+pytest.importorskip("azure.storage.blob")
+pytestmark = pytest.mark.skipif(
+    not AZURITE.exists(), reason="no Azurite (run scripts/azurite_setup.sh)"
+)
+
+
+@pytest.fixture(scope="module")
+def azurite() -> Iterator[AzuriteServer]:
+    with AzuriteServer() as server:
+        yield server
+
+
+@pytest.fixture
+def account(azurite: AzuriteServer, monkeypatch: pytest.MonkeyPatch) -> AzuriteServer:
+    for name in ("AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    return azurite
+
+
+def big(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    tensors = random_tensors(seed=seed)
+    tensors.update({f"big.{i}": torch.randn(300_000, generator=gen) for i in range(4)})
+    return tensors
+
+
+async def test_a_prefix_an_index_and_one_blob_load_bit_for_bit(
+    account: AzuriteServer, tmp_path: Path
+) -> None:
+    index = write_sharded(tmp_path / "m", big(1), shards=3)
+    shards = sorted(index.parent.glob("*.safetensors"))
+    account.upload("models", "llm", tmp_path / "m")
+    assert_matches_files(await load_model("az://models/llm/", chunk_size="256KiB"), *shards)
+    got = await load_model("az://models/llm/model.safetensors.index.json", concurrency=3)
+    assert_matches_files(got, *shards)
+
+
+async def test_a_sas_token_from_the_environment(
+    account: AzuriteServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    path = write_file(tmp_path / "one" / "model.safetensors", big(2))
+    account.upload("sas", "one", tmp_path / "one")
+    token = generate_container_sas(
+        "devstoreaccount1", "sas", account_key=KEY,
+        permission=ContainerSasPermissions(read=True, list=True),
+        expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=30),
+    )  # fmt: skip
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", token)
+    assert_matches_files(await load_model("az://sas/one/"), path)
+
+
+async def test_a_wrong_key_is_refused_naming_the_credentials_without_the_secret(
+    account: AzuriteServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    write_file(tmp_path / "m" / "model.safetensors", random_tensors())
+    account.upload("locked", "m", tmp_path / "m")
+    wrong = "A" * 86 + "=="
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING", account.connection_string.replace(KEY, wrong)
+    )
+    with pytest.raises(AccessDeniedError) as info:
+        await load_model("az://locked/m/model.safetensors")
+    message = str(info.value)
+    assert (
+        "account key of devstoreaccount1" in message
+        and "AZURE_STORAGE_CONNECTION_STRING" in message
+    )
+    assert wrong not in message and "sig=" not in message.replace("sig=REDACTED", "")
+
+
+async def test_missing_blob_and_container_are_named(account: AzuriteServer, tmp_path: Path) -> None:
+    write_file(tmp_path / "m" / "model.safetensors", random_tensors())
+    account.upload("present", "m", tmp_path / "m")
+    with pytest.raises(NotFoundError, match=r"az://present/m/none\.safetensors does not exist"):
+        await load_model("az://present/m/none.safetensors")
+    with pytest.raises(NotFoundError, match="'absent'"):
+        await load_model("az://absent/m/")
+
+
+async def test_through_the_node_cache_and_a_new_version(
+    account: AzuriteServer, tmp_path: Path
+) -> None:
+    path = write_file(tmp_path / "m" / "model.safetensors", big(3))
+    account.upload("cached", "m", tmp_path / "m")
+    url = "az://cached/m/model.safetensors"
+    root = tmp_path / "cache"
+    assert_matches_files(await load_model(url, cache_dir=root), path)
+    cache = ModelCache(root)
+    await cache.wait_committed()
+    assert (await cache.fetch(url)).hit
+    newer = write_file(tmp_path / "n" / "model.safetensors", big(4))
+    account.upload("cached", "m", tmp_path / "n")  # a new ETag
+    assert not (await cache.fetch(url)).hit
+    assert_matches_files(await load_model(url, cache_dir=root), newer)
