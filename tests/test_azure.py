@@ -116,3 +116,42 @@ async def test_through_the_node_cache_and_a_new_version(
     account.upload("cached", "m", tmp_path / "n")  # a new ETag
     assert not (await cache.fetch(url)).hit
     assert_matches_files(await load_model(url, cache_dir=root), newer)
+
+
+async def test_throttling_and_dropped_connections_are_retried(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Azure's path layout served by the fault-injecting HTTP server: 503 and cut bodies.
+
+    Azurite cannot be told to misbehave; the same requests (path-style endpoint,
+    SAS query, x-ms-version) go to a server that can, and the load still matches.
+    """
+    from .servers import FaultyHttpServer
+
+    www = tmp_path / "www"
+    path = write_file(www / "devstoreaccount1" / "models" / "m" / "model.safetensors", big(5))
+    with FaultyHttpServer(www) as server:
+        monkeypatch.setenv(
+            "AZURE_STORAGE_CONNECTION_STRING",
+            f"AccountName=devstoreaccount1;BlobEndpoint={server.url}/devstoreaccount1",
+        )
+        for name in ("AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_NAME"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", "sv=2021-08-06&sig=secret")
+        rel = "devstoreaccount1/models/m/model.safetensors"
+        server.stall(rel, 0.0)  # the probe goes through
+        server.status(rel, 503, count=3, retry_after=0.05)
+        server.reset_after(rel, 100_000, count=2)
+        from aioloader import HttpOptions
+
+        got = await load_model(
+            "az://models/m/model.safetensors",
+            chunk_size="256KiB",
+            http=HttpOptions(backoff=0.01, backoff_max=0.05),
+        )
+        assert_matches_files(got, path)
+        reads = -(-path.stat().st_size // (256 << 10))
+        # The probe (which also holds the first chunk), the other reads, 3 answers of 503
+        # and 2 cut bodies, each tried again.
+        assert len(server.gets()) >= 1 + (reads - 1) + 3 + 2
+        assert all(h.get("x-ms-version") for h in server.request_headers)
