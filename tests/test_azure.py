@@ -33,7 +33,10 @@ def azurite() -> Iterator[AzuriteServer]:
 
 @pytest.fixture
 def account(azurite: AzuriteServer, monkeypatch: pytest.MonkeyPatch) -> AzuriteServer:
-    for name in ("AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_NAME"):
+    for name in (
+        "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_ACCOUNT_NAME",
+    ):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
     return azurite
@@ -135,7 +138,7 @@ async def test_throttling_and_dropped_connections_are_retried(
             "AZURE_STORAGE_CONNECTION_STRING",
             f"AccountName=devstoreaccount1;BlobEndpoint={server.url}/devstoreaccount1",
         )
-        for name in ("AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_NAME"):
+        for name in ("AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY"):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", "sv=2021-08-06&sig=secret")
         rel = "devstoreaccount1/models/m/model.safetensors"
@@ -155,3 +158,17 @@ async def test_throttling_and_dropped_connections_are_retried(
         # and 2 cut bodies, each tried again.
         assert len(server.gets()) >= 1 + (reads - 1) + 3 + 2
         assert all(h.get("x-ms-version") for h in server.request_headers)
+
+
+async def test_an_account_key_from_the_environment(
+    account: AzuriteServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_KEY)."""
+    path = write_file(tmp_path / "k" / "model.safetensors", big(6))
+    account.upload("keyed", "k", tmp_path / "k")
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        f"AccountName=devstoreaccount1;BlobEndpoint={account.endpoint}",
+    )
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", KEY)
+    assert_matches_files(await load_model("az://keyed/k/model.safetensors"), path)

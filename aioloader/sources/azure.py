@@ -11,8 +11,8 @@ Credentials, the first that applies, through Azure's own libraries (``pip instal
 
 1. a SAS token already in the URL's query, or in ``AZURE_STORAGE_SAS_TOKEN``;
 2. an account key (``AccountKey`` of the connection string, or
-   ``AZURE_STORAGE_KEY``): ``azure-storage-blob`` makes a read-only SAS for the
-   container from it, renewed before it expires;
+   ``AZURE_STORAGE_KEY`` / ``AZURE_STORAGE_ACCOUNT_KEY``): ``azure-storage-blob``
+   makes a read-only SAS for the container from it, renewed before it expires;
 3. ``azure-identity``'s ``DefaultAzureCredential`` (workload identity, managed
    identity, service principal in the environment, Azure CLI) when the
    environment names one (``AZURE_CLIENT_ID``, ``AZURE_FEDERATED_TOKEN_FILE``,
@@ -120,7 +120,7 @@ class AzureSigner:
             if self._mode is not None:
                 return
             settings = _connection_string()
-            key = settings.get("AccountKey") or os.environ.get("AZURE_STORAGE_KEY")
+            key = settings.get("AccountKey") or _env_key()
             if where.url_sas:
                 self._mode, self.described = "url", "with the SAS token in the URL"
             elif os.environ.get("AZURE_STORAGE_SAS_TOKEN"):
@@ -130,7 +130,7 @@ class AzureSigner:
                 self._mode = "key"
                 source = (
                     "AZURE_STORAGE_CONNECTION_STRING" if settings.get("AccountKey")
-                    else "AZURE_STORAGE_KEY"
+                    else _KEY_NAMES[0] if os.environ.get(_KEY_NAMES[0]) else _KEY_NAMES[1]
                 )  # fmt: skip
                 self.described = (
                     f"with a read-only SAS made from the account key of {where.account} "
@@ -192,6 +192,13 @@ class AzureSigner:
         )
 
 
+_KEY_NAMES = ("AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY")  # the CLI's, and another usual
+
+
+def _env_key() -> str | None:
+    return next((os.environ[n] for n in _KEY_NAMES if os.environ.get(n)), None)
+
+
 def _identity_wanted() -> bool:
     names = ("AZURE_CLIENT_ID", "AZURE_FEDERATED_TOKEN_FILE", "IDENTITY_ENDPOINT")
     return os.environ.get("AIOLOADER_AZURE_IDENTITY") == "1" or any(
@@ -218,7 +225,7 @@ def _container_sas(where: _Location) -> str:
             "an Azure account key is configured but azure-storage-blob, which turns it into "
             "a SAS token, is not installed: pip install 'aioloader[azure]'"
         ) from exc
-    key = _connection_string().get("AccountKey") or os.environ["AZURE_STORAGE_KEY"]
+    key = _connection_string().get("AccountKey") or _env_key()
     token: str = generate_container_sas(
         where.account,
         where.container,
