@@ -61,6 +61,14 @@ def random_tensors(seed: int = 0, count: int = 12, big: int = 0) -> dict[str, to
     return out
 
 
+def some_big(seed: int) -> dict[str, torch.Tensor]:
+    """``random_tensors`` plus four float32 tensors of 1.2 MB: loads that need many reads."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = random_tensors(seed=seed)
+    tensors.update({f"big.{i}": torch.randn(300_000, generator=gen) for i in range(4)})
+    return tensors
+
+
 def write_file(
     path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None
 ) -> Path:

@@ -12,12 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from aioloader import AccessDeniedError, ModelCache, NotFoundError, load_model
 
 from .azure_server import AZURITE, KEY, AzuriteServer
-from .helpers import assert_matches_files, random_tensors, write_file, write_sharded
+from .helpers import assert_matches_files, random_tensors, some_big, write_file, write_sharded
 
 pytest.importorskip("azure.storage.blob")
 pytestmark = pytest.mark.skipif(
@@ -42,17 +41,10 @@ def account(azurite: AzuriteServer, monkeypatch: pytest.MonkeyPatch) -> AzuriteS
     return azurite
 
 
-def big(seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    tensors = random_tensors(seed=seed)
-    tensors.update({f"big.{i}": torch.randn(300_000, generator=gen) for i in range(4)})
-    return tensors
-
-
 async def test_a_prefix_an_index_and_one_blob_load_bit_for_bit(
     account: AzuriteServer, tmp_path: Path
 ) -> None:
-    index = write_sharded(tmp_path / "m", big(1), shards=3)
+    index = write_sharded(tmp_path / "m", some_big(1), shards=3)
     shards = sorted(index.parent.glob("*.safetensors"))
     account.upload("models", "llm", tmp_path / "m")
     assert_matches_files(await load_model("az://models/llm/", chunk_size="256KiB"), *shards)
@@ -65,7 +57,7 @@ async def test_a_sas_token_from_the_environment(
 ) -> None:
     from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
-    path = write_file(tmp_path / "one" / "model.safetensors", big(2))
+    path = write_file(tmp_path / "one" / "model.safetensors", some_big(2))
     account.upload("sas", "one", tmp_path / "one")
     token = generate_container_sas(
         "devstoreaccount1", "sas", account_key=KEY,
@@ -107,7 +99,7 @@ async def test_missing_blob_and_container_are_named(account: AzuriteServer, tmp_
 async def test_through_the_node_cache_and_a_new_version(
     account: AzuriteServer, tmp_path: Path
 ) -> None:
-    path = write_file(tmp_path / "m" / "model.safetensors", big(3))
+    path = write_file(tmp_path / "m" / "model.safetensors", some_big(3))
     account.upload("cached", "m", tmp_path / "m")
     url = "az://cached/m/model.safetensors"
     root = tmp_path / "cache"
@@ -115,7 +107,7 @@ async def test_through_the_node_cache_and_a_new_version(
     cache = ModelCache(root)
     await cache.wait_committed()
     assert (await cache.fetch(url)).hit
-    newer = write_file(tmp_path / "n" / "model.safetensors", big(4))
+    newer = write_file(tmp_path / "n" / "model.safetensors", some_big(4))
     account.upload("cached", "m", tmp_path / "n")  # a new ETag
     assert not (await cache.fetch(url)).hit
     assert_matches_files(await load_model(url, cache_dir=root), newer)
@@ -132,7 +124,7 @@ async def test_throttling_and_dropped_connections_are_retried(
     from .servers import FaultyHttpServer
 
     www = tmp_path / "www"
-    path = write_file(www / "devstoreaccount1" / "models" / "m" / "model.safetensors", big(5))
+    path = write_file(www / "devstoreaccount1" / "models" / "m" / "model.safetensors", some_big(5))
     with FaultyHttpServer(www) as server:
         monkeypatch.setenv(
             "AZURE_STORAGE_CONNECTION_STRING",
@@ -164,7 +156,7 @@ async def test_an_account_key_from_the_environment(
     account: AzuriteServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_KEY)."""
-    path = write_file(tmp_path / "k" / "model.safetensors", big(6))
+    path = write_file(tmp_path / "k" / "model.safetensors", some_big(6))
     account.upload("keyed", "k", tmp_path / "k")
     monkeypatch.setenv(
         "AZURE_STORAGE_CONNECTION_STRING",

@@ -11,12 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from aioloader import ConfigError, ModelCache, NotFoundError, load_model
 from aioloader.sources.gcs import GcsSigner, _find
 
-from .helpers import assert_matches_files, random_tensors, write_file, write_sharded
+from .helpers import assert_matches_files, random_tensors, some_big, write_file, write_sharded
 from .servers import GcsEmulator
 
 pytest.importorskip("gcp_storage_emulator")
@@ -34,23 +33,16 @@ def gcs(emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> GcsEmulator:
     return emulator
 
 
-def big(seed: int) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    tensors = random_tensors(seed=seed)
-    tensors.update({f"big.{i}": torch.randn(300_000, generator=gen) for i in range(4)})
-    return tensors
-
-
 async def test_a_prefix_an_index_and_one_object_load_bit_for_bit(
     gcs: GcsEmulator, tmp_path: Path
 ) -> None:
-    index = write_sharded(tmp_path / "m", big(1), shards=3)
+    index = write_sharded(tmp_path / "m", some_big(1), shards=3)
     shards = sorted(index.parent.glob("*.safetensors"))
     gcs.upload("models", "llm", tmp_path / "m")
     assert_matches_files(await load_model("gs://models/llm/", chunk_size="256KiB"), *shards)
     got = await load_model("gs://models/llm/model.safetensors.index.json", concurrency=3)
     assert_matches_files(got, *shards)
-    one = write_file(tmp_path / "one" / "model.safetensors", big(2))
+    one = write_file(tmp_path / "one" / "model.safetensors", some_big(2))
     gcs.upload("models", "one", tmp_path / "one")
     assert_matches_files(await load_model("gs://models/one/model.safetensors"), one)
 
@@ -67,7 +59,7 @@ async def test_a_missing_object_or_bucket_is_named(gcs: GcsEmulator, tmp_path: P
 async def test_through_the_node_cache_keyed_on_the_generation(
     gcs: GcsEmulator, tmp_path: Path
 ) -> None:
-    path = write_file(tmp_path / "m" / "model.safetensors", big(3))
+    path = write_file(tmp_path / "m" / "model.safetensors", some_big(3))
     gcs.upload("cached", "m", tmp_path / "m")
     url = "gs://cached/m/model.safetensors"
     root = tmp_path / "cache"
@@ -79,7 +71,7 @@ async def test_through_the_node_cache_keyed_on_the_generation(
     assert (await cache.fetch(url)).hit  # same generation: found
 
     # A new upload is a new generation: the entry is not reused.
-    newer = write_file(tmp_path / "n" / "model.safetensors", big(4))
+    newer = write_file(tmp_path / "n" / "model.safetensors", some_big(4))
     gcs.put("cached", "m/model.safetensors", newer.read_bytes())
     model = await cache.fetch(url)
     assert not model.hit

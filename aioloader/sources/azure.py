@@ -28,7 +28,6 @@ import os
 import ssl
 import time
 import xml.etree.ElementTree as ET
-from functools import partial
 from typing import Any
 from urllib.parse import quote, urlencode, urlparse
 
@@ -37,9 +36,7 @@ from ..errors import ConfigError, NotFoundError, SourceError
 from ..redact import redact
 from ..throttle import LimiterStatistics
 from .base import Blob, Source
-from .remote import RemoteStore
-from .retry import RetryableError
-from .transport import transport_errors
+from .remote import RemoteStore, listed, prefix_to_list
 
 __all__ = ["AzureSource", "is_azure_url"]
 
@@ -266,9 +263,9 @@ class AzureSource(Source):
     async def list_dir(self, url: str) -> list[str] | None:
         where = _Location(url)
         await self._signer.setup(where)
-        if where.name.endswith((".safetensors", ".json")):
+        prefix = prefix_to_list(where.name)
+        if prefix is None:
             return None
-        prefix = where.name if where.name.endswith("/") or not where.name else where.name + "/"
         names: list[str] = []
         marker = ""
         while True:
@@ -277,8 +274,13 @@ class AzureSource(Source):
                 params["marker"] = marker
             query = urlencode(params, quote_via=quote)
             fetch_url = _with_query(where.container_url, query, await self._signer.query(where))
-            body = await self._store.retrier.run(
-                url, 0, 0, partial(self._list_page, url, fetch_url, where)
+            body = await self._store.read_body(
+                url,
+                fetch_url,
+                lambda detail: (
+                    f"{redact(url)}: {detail or 'not found'}; check the container "
+                    f"{where.container!r} of account {where.account!r} at {where.endpoint}"
+                ),
             )
             root = ET.fromstring(body)
             for blob in root.iter("Blob"):
@@ -287,27 +289,7 @@ class AzureSource(Source):
                     names.append(name[len(prefix) :])
             marker = root.findtext("NextMarker") or ""
             if not marker:
-                break
-        if not names and where.name and not where.name.endswith("/"):
-            return None  # not a prefix: let open() say whether the blob exists
-        return sorted(names)
-
-    async def _list_page(self, url: str, fetch_url: str, where: _Location) -> bytes:
-        transport = self._store.transport
-        try:
-            response = await transport.get(url, fetch_url, {})
-            async with response:
-                if response.status == 404:
-                    detail = await self._signer.error_detail(response)
-                    raise NotFoundError(
-                        f"{redact(url)}: {detail or 'not found'}; check the container "
-                        f"{where.container!r} of account {where.account!r} at {where.endpoint}"
-                    )
-                await transport.check_status(url, response, None)
-                body: bytes = await response.read()
-                return body
-        except transport_errors() as exc:
-            raise RetryableError(str(exc) or type(exc).__name__) from exc
+                return listed(names, where.name)
 
     async def open(self, url: str) -> Blob:
         where = _Location(url)

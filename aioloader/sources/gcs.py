@@ -21,19 +21,16 @@ import json
 import os
 import ssl
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 from urllib.parse import quote, urlencode, urlparse
 
 from ..config import HttpOptions
-from ..errors import ConfigError, NotFoundError, SourceError
+from ..errors import ConfigError, SourceError
 from ..redact import redact
 from ..throttle import LimiterStatistics
 from .base import Blob, Source
-from .remote import RemoteStore
-from .retry import RetryableError
+from .remote import RemoteStore, listed, prefix_to_list
 from .rules import same_origin
-from .transport import transport_errors
 
 __all__ = ["GcsSource", "split_gs_url"]
 
@@ -191,28 +188,14 @@ class GcsSource(Source):
         return url + ("/" + quote(key, safe="") if key else "")
 
     async def _get_json(self, url: str, fetch_url: str, missing: str) -> Any:
-        return await self._store.retrier.run(
-            url, 0, 0, partial(self._json_once, url, fetch_url, missing)
-        )
-
-    async def _json_once(self, url: str, fetch_url: str, missing: str) -> Any:
-        transport = self._store.transport
-        try:
-            response = await transport.get(url, fetch_url, {})
-            async with response:
-                if response.status == 404:
-                    raise NotFoundError(missing)
-                await transport.check_status(url, response, None)
-                return json.loads(await response.read())
-        except transport_errors() as exc:
-            raise RetryableError(str(exc) or type(exc).__name__) from exc
+        return json.loads(await self._store.read_body(url, fetch_url, lambda _: missing))
 
     async def list_dir(self, url: str) -> list[str] | None:
         await self._signer.setup()
         bucket, key = split_gs_url(url)
-        if key.endswith((".safetensors", ".json")):
+        prefix = prefix_to_list(key)
+        if prefix is None:
             return None
-        prefix = key if key.endswith("/") or key == "" else key + "/"
         names: list[str] = []
         token = None
         while True:
@@ -229,10 +212,7 @@ class GcsSource(Source):
             ]
             token = page.get("nextPageToken")
             if not token:
-                break
-        if not names and key and not key.endswith("/"):
-            return None  # not a prefix: let open() say whether the object exists
-        return sorted(names)
+                return listed(names, key)
 
     async def open(self, url: str) -> Blob:
         await self._signer.setup()

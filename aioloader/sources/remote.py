@@ -9,9 +9,11 @@ read as one sequential stream, with a warning.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from urllib.parse import urlparse
 
 from ..config import HttpOptions
+from ..errors import NotFoundError
 from ..throttle import LimiterStatistics
 from .blob import HttpBlob
 from .retry import Retrier, RetryableError
@@ -19,7 +21,7 @@ from .rules import PROBE_SIZE, check_encoding, size_of, strong_etag
 from .signer import Signer
 from .transport import HttpTransport, retryable, transport_errors
 
-__all__ = ["RemoteStore"]
+__all__ = ["RemoteStore", "listed", "prefix_to_list"]
 
 logger = logging.getLogger("aioloader")
 
@@ -88,6 +90,27 @@ class RemoteStore:
             )
         return HttpBlob(transport, self.retrier, url, final, size, etag, modified, head, ranged)
 
+    async def read_body(self, url: str, fetch_url: str, not_found: Callable[[str], str]) -> bytes:
+        """GET ``fetch_url`` whole (a listing page, an object's metadata), retried.
+
+        Raises:
+            NotFoundError: a 404, with the message ``not_found(the store's explanation)``.
+        """
+        return await self.retrier.run(url, 0, 0, lambda: self._body_once(url, fetch_url, not_found))
+
+    async def _body_once(self, url: str, fetch_url: str, not_found: Callable[[str], str]) -> bytes:
+        transport = self.transport
+        try:
+            response = await transport.get(url, fetch_url, {})
+            async with response:
+                if response.status == 404:
+                    raise NotFoundError(not_found(await transport.signer.error_detail(response)))
+                await transport.check_status(url, response, None)
+                body: bytes = await response.read()
+                return body
+        except transport_errors() as exc:
+            raise RetryableError(str(exc) or type(exc).__name__) from exc
+
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
@@ -96,3 +119,18 @@ class RemoteStore:
     async def aclose(self) -> None:
         """Close the connections; idempotent."""
         await self.transport.aclose()
+
+
+def prefix_to_list(key: str) -> str | None:
+    """The listing prefix for an object key that may name a folder; None for a file's key."""
+    if key.endswith((".safetensors", ".json")):
+        return None
+    return key if key.endswith("/") or key == "" else key + "/"
+
+
+def listed(names: list[str], key: str) -> list[str] | None:
+    """A listing's answer to ``list_dir``: None when ``key`` was no prefix after all (so
+    that opening it says whether the object exists)."""
+    if not names and key and not key.endswith("/"):
+        return None
+    return sorted(names)

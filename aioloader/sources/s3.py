@@ -16,7 +16,7 @@ from ..config import HttpOptions, S3Options
 from ..errors import ConfigError, NotFoundError
 from ..throttle import LimiterStatistics
 from .base import Blob, Source
-from .remote import RemoteStore
+from .remote import RemoteStore, listed, prefix_to_list
 from .retry import RetryableError
 from .s3_signer import S3_NAMESPACE, S3Signer, xml_text
 from .transport import transport_errors
@@ -112,13 +112,10 @@ class S3Source(Source):
     async def list_dir(self, url: str) -> list[str] | None:
         await self._signer.setup()
         bucket, key = split_s3_url(url)
-        if key.endswith((".safetensors", ".json")):
+        prefix = prefix_to_list(key)
+        if prefix is None:
             return None
-        prefix = key if key.endswith("/") or key == "" else key + "/"
-        names = await self._list(url, bucket, prefix)
-        if not names and key and not key.endswith("/"):
-            return None  # not a prefix: let open() say whether the object exists
-        return names
+        return listed(await self._list(url, bucket, prefix), key)
 
     async def _list(self, url: str, bucket: str, prefix: str) -> list[str]:
         names: list[str] = []
@@ -129,8 +126,13 @@ class S3Source(Source):
                 params["continuation-token"] = token
             query = urlencode(sorted(params.items()), quote_via=quote, safe="~")
             fetch_url = f"{self._bucket_url(bucket)}/?{query}"
-            body = await self._store.retrier.run(
-                url, 0, 0, partial(self._list_page, url, fetch_url)
+            body = await self._store.read_body(
+                url,
+                fetch_url,
+                lambda detail: (
+                    f"{url}: {detail or 'not found'}; check the bucket name {bucket!r} and "
+                    f"the endpoint {self._signer.endpoint}"
+                ),
             )
             root = ET.fromstring(body)
             for item in root.iter(S3_NAMESPACE + "Contents"):
@@ -141,24 +143,6 @@ class S3Source(Source):
             token = xml_text(root, "NextContinuationToken")
             if not truncated or not token:
                 return sorted(names)
-
-    async def _list_page(self, url: str, fetch_url: str) -> bytes:
-        transport = self._store.transport
-        try:
-            response = await transport.get(url, fetch_url, {})
-            async with response:
-                if response.status == 404:
-                    detail = await self._signer.error_detail(response)
-                    bucket, _ = split_s3_url(url)
-                    raise NotFoundError(
-                        f"{url}: {detail or 'not found'}; check the bucket name {bucket!r} and "
-                        f"the endpoint {self._signer.endpoint}"
-                    )
-                await transport.check_status(url, response, None)
-                body: bytes = await response.read()
-                return body
-        except transport_errors() as exc:
-            raise RetryableError(str(exc) or type(exc).__name__) from exc
 
     # -- Source --------------------------------------------------------------------
 
