@@ -11,12 +11,13 @@ import ctypes
 import mmap
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
-from aioloader import load_model
+from aioloader import Loader, load_model
 
 from .helpers import assert_matches_files, write_file
 
@@ -117,3 +118,39 @@ async def test_a_cold_file_is_read_around_the_page_cache(tmp_path: Path) -> None
     assert_matches_files(got, path)
     # The header and the file's last partial page are read through the page cache.
     assert sum(after) <= 128
+
+
+def reader_threads() -> set[str]:
+    return {
+        t.name.rsplit("_", 1)[0] for t in threading.enumerate() if t.name.startswith("aioloader")
+    }
+
+
+async def test_a_warm_load_starts_no_disk_readers(tmp_path: Path) -> None:
+    """The disk's pool of ``concurrency`` threads starts only for a read the page cache
+    cannot serve: a first load in a new process paid about 100 ms for threads a warm
+    load never used."""
+    path = write_file(tmp_path / "m.safetensors", {"w": torch.randn(4 * MiB)})
+    path.read_bytes()
+    if not all(resident_pages(path)):
+        pytest.skip("the page cache would not keep the file")
+
+    async with Loader(chunk_size="1MiB", concurrency=8) as loader:
+        got = await loader.load(str(path))
+        started = reader_threads()
+    assert_matches_files(got, path)
+    assert "aioloader-warm" in started
+    assert "aioloader-read" not in started
+
+
+async def test_a_cold_load_starts_the_disk_readers(tmp_path: Path) -> None:
+    path = written(write_file(tmp_path / "m.safetensors", {"w": torch.randn(4 * MiB)}))
+    evict(path, 0, 0)
+    if sum(resident_pages(path)) > 0:
+        pytest.skip("this file system keeps pages posix_fadvise asked to drop (tmpfs?)")
+
+    async with Loader(chunk_size="1MiB", concurrency=8) as loader:
+        got = await loader.load(str(path))
+        started = [t.name for t in threading.enumerate() if t.name.startswith("aioloader-read")]
+    assert_matches_files(got, path)
+    assert len(started) == 8

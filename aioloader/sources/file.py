@@ -15,6 +15,7 @@ The pipeline's ``concurrency`` bounds how many reads are in flight either way.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import errno
@@ -24,7 +25,7 @@ import stat
 import sys
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -106,7 +107,7 @@ class FileBlob(Blob):
     async def read_bytes(self, offset: int, length: int) -> bytes:
         fd = self._require_fd()
         try:
-            return await run_blocking(self._pools.cold, lambda: os.pread(fd, length, offset))
+            return await run_blocking(self._pools.warm, lambda: os.pread(fd, length, offset))
         except OSError as exc:
             raise _translate(exc, self.url, "reading") from exc
 
@@ -138,6 +139,7 @@ class FileBlob(Blob):
         end = offset + total
         try:
             if not await run_blocking(self._pools.warm, warm):
+                await self._pools.cold_started()
                 await run_blocking(self._pools.cold, cold)
         except EOFError as exc:
             raise ReadError(
@@ -284,11 +286,67 @@ def _list(path: str) -> list[str] | None:
 
 
 class _Pools:
-    """The warm (page cache) and cold (disk) reader pools of a FileSource."""
+    """The warm (page cache) and cold (disk) reader pools of a FileSource.
 
-    def __init__(self, warm: ThreadPoolExecutor, cold: ThreadPoolExecutor) -> None:
-        self.warm = warm
-        self.cold = cold
+    Their threads are started ahead of the reads that need them, by a short-lived
+    helper thread: a pool would otherwise start a thread on demand inside
+    ``submit``, on the event loop, and each start waits until the new thread has
+    run (on a busy machine that stalled the loop for tens of milliseconds). The
+    threads of a pool meet at a barrier so that none is reused before the last has
+    started. The warm pool starts with the source; the cold pool only when a read
+    first finds its bytes missing from the page cache, so a warm load never starts
+    ``concurrency`` threads it does not use (they cost a first load in a new
+    process about 100 ms on a 2-CPU machine, whose fresh thread stacks fault in
+    slowly).
+    """
+
+    def __init__(self, warm_threads: int, cold_threads: int) -> None:
+        self.warm = ThreadPoolExecutor(warm_threads, thread_name_prefix="aioloader-warm")
+        self.cold = ThreadPoolExecutor(cold_threads, thread_name_prefix="aioloader-read")
+        self._warm_threads = warm_threads
+        self._cold_threads = cold_threads
+        self._starters: list[threading.Thread] = []
+        self._cold_ready: Future[None] | None = None
+
+    def start_warm(self) -> None:
+        self._start(self.warm, self._warm_threads, Future())
+
+    async def cold_started(self) -> None:
+        """Return once the cold pool's threads run; the first call starts them."""
+        if self._cold_ready is None:
+            self._cold_ready = Future()
+            self._start(self.cold, self._cold_threads, self._cold_ready)
+        if not self._cold_ready.done():
+            # Shielded: one cancelled read must not cancel the start others wait for.
+            await asyncio.shield(asyncio.wrap_future(self._cold_ready))
+
+    def _start(self, executor: ThreadPoolExecutor, count: int, ready: Future[None]) -> None:
+        def fill() -> None:
+            barrier = threading.Barrier(count, timeout=30)
+
+            def rendezvous() -> None:
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    barrier.wait()
+
+            try:
+                for _ in range(count):
+                    executor.submit(rendezvous)
+            except RuntimeError:  # shut down meanwhile
+                barrier.abort()
+            # Either way the pool is ready: it has its threads, or it refuses work itself.
+            ready.set_result(None)
+
+        starter = threading.Thread(target=fill, name="aioloader-start", daemon=True)
+        self._starters.append(starter)
+        starter.start()
+
+    def shutdown(self) -> None:
+        """Join the helpers, then both pools. Every read has returned by now
+        (``run_blocking`` waits for its thread), so the joins are immediate."""
+        for starter in self._starters:
+            starter.join()
+        self.warm.shutdown(wait=True)
+        self.cold.shutdown(wait=True)
 
 
 def usable_cpus() -> int:
@@ -307,19 +365,13 @@ class FileSource(Source):
     """
 
     def __init__(self, threads: int) -> None:
-        warm_threads = min(threads, usable_cpus())
-        self._pools: _Pools | None = _Pools(
-            ThreadPoolExecutor(warm_threads, thread_name_prefix="aioloader-warm"),
-            ThreadPoolExecutor(threads, thread_name_prefix="aioloader-read"),
-        )
+        self._pools: _Pools | None = _Pools(min(threads, usable_cpus()), threads)
         self._threads = threads
-        self._warm_threads = warm_threads
         self._started = False
-        self._starter: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return (
-            f"<FileSource threads={self._threads} warm={self._warm_threads} "
+            f"<FileSource threads={self._threads} warm={min(self._threads, usable_cpus())} "
             f"open={self._pools is not None}>"
         )
 
@@ -328,44 +380,13 @@ class FileSource(Source):
             raise ClosedError("this FileSource is closed")
         if not self._started:
             self._started = True
-            self._start_threads(self._pools)
+            self._pools.start_warm()
         return self._pools
-
-    def _start_threads(self, pools: _Pools) -> None:
-        """Start every reader thread now, before any data is read, off the event loop.
-
-        A pool would otherwise start threads on demand in the middle of a load,
-        and each start waits until the new thread has run: on a busy machine that
-        wait stalled the event loop for tens of milliseconds. A short-lived helper
-        thread fills the pools instead, the threads of each meeting at a barrier
-        so that none is reused before the last has started.
-        """
-
-        def fill(executor: ThreadPoolExecutor, count: int) -> None:
-            barrier = threading.Barrier(count, timeout=30)
-
-            def rendezvous() -> None:
-                with contextlib.suppress(threading.BrokenBarrierError):
-                    barrier.wait()
-
-            for _ in range(count):
-                try:
-                    executor.submit(rendezvous)
-                except RuntimeError:  # shut down meanwhile
-                    barrier.abort()
-                    return
-
-        def fill_both() -> None:
-            fill(pools.warm, self._warm_threads)
-            fill(pools.cold, self._threads)
-
-        self._starter = threading.Thread(target=fill_both, name="aioloader-start", daemon=True)
-        self._starter.start()
 
     async def list_dir(self, url: str) -> list[str] | None:
         path = to_path(url)
         try:
-            return await run_blocking(self._require_pools().cold, lambda: _list(path))
+            return await run_blocking(self._require_pools().warm, lambda: _list(path))
         except OSError as exc:
             raise _translate(exc, url, "listing") from exc
 
@@ -373,7 +394,7 @@ class FileSource(Source):
         path = to_path(url)
         pools = self._require_pools()
         try:
-            opened = await run_blocking(pools.cold, lambda: _open(path), _close_all)
+            opened = await run_blocking(pools.warm, lambda: _open(path), _close_all)
         except IsADirectoryError as exc:
             raise SourceError(f"{url} is a directory where a file was expected") from exc
         except OSError as exc:
@@ -392,10 +413,5 @@ class FileSource(Source):
 
     async def aclose(self) -> None:
         pools, self._pools = self._pools, None
-        if self._starter is not None:
-            self._starter.join()
         if pools is not None:
-            # Every read has returned by now (run_blocking waits for its thread),
-            # so the workers are idle and joining them is immediate.
-            pools.warm.shutdown(wait=True)
-            pools.cold.shutdown(wait=True)
+            pools.shutdown()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,7 +127,14 @@ def fixed_costs(summaries: dict[str, dict[str, Any]]) -> str | None:
         cells.append(f"{tool} {fixed * 1000:.0f} ms of {seconds * 1000:.0f} ms")
     if not cells:
         return None
+    once = [
+        f"{tool} {statistics.median(prepares) * 1000:.0f} ms"
+        for tool, values in small["tools"].items()
+        if (prepares := [r["prepare_seconds"] for r in values["runs"] if "prepare_seconds" in r])
+    ]
     return (
         f"fixed cost per load ({SMALL} median time less its bytes at the tool's {LARGE}"
-        " median rate): " + "; ".join(cells)
+        " median rate): " + "; ".join(cells) + "\n"
+        "once per process, before the clock (importing the tool's package, torch already"
+        " imported, and preparing its load): " + "; ".join(once)
     )

@@ -62,7 +62,13 @@ async def stream_all(
 
 
 def aioloader_load(target: str | list[str]) -> Prepared:
-    """``aioloader.load_model(target)``: a path or URL, or a list of files."""
+    """``aioloader.load_model(target)``: a path or URL, or a list of files.
+
+    The package is imported here, before the clock, as every other tool's is:
+    the worker times this preparation apart (``prepare_seconds``).
+    """
+    import aioloader  # noqa: F401
+
     run = event_loop_runner()
 
     def load() -> Loaded:
