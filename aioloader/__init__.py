@@ -29,6 +29,7 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .report import LoadReport
+from .rows import split_rows
 from .safetensors import FileHeader, TensorInfo
 
 __version__ = "0.1.0"
@@ -64,4 +65,5 @@ __all__ = [
     "__version__",
     "inspect_model",
     "load_model",
+    "split_rows",
 ]

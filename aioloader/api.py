@@ -20,6 +20,7 @@ from .layout import ModelLayout
 from .pipeline import Load, Progress, Selection, open_model
 from .redact import redact
 from .report import LoadReport
+from .rows import Rows
 from .safetensors import FileHeader
 from .sources.auto import scheme_of, source_for
 from .sources.base import Source
@@ -193,7 +194,7 @@ class Loader:
             )
         return caching
 
-    def stream(self, url: URL, *, tensors: Selection = None) -> TensorStream:
+    def stream(self, url: URL, *, tensors: Selection = None, rows: Rows = None) -> TensorStream:
         """Stream the tensors of ``url`` as each one completes.
 
         Args:
@@ -202,6 +203,11 @@ class Loader:
                 ``http(s)://`` or ``s3://`` URL; or a list of file URLs.
             tensors: names to load, or a predicate on names; ``None`` loads all.
                 Only the selected tensors' bytes are read.
+            rows: load only rows ``[start, stop)`` of the first dimension of some
+                tensors, reading only those bytes: ``{name: (start, stop)}``, or a
+                function ``(name, shape) -> (start, stop) | None`` such as
+                ``split_rows(rank, world_size)``. With ``group=``, each rank reads its
+                own rows and they are not exchanged (see aioloader/rows.py).
 
         Returns:
             A TensorStream; use it with ``async with``.
@@ -209,13 +215,15 @@ class Loader:
         self._check_open()
         stream = TensorStream(
             _display(url),
-            lambda emit, progress, meta: self._run(url, tensors, emit, progress, meta),
+            lambda emit, progress, meta: self._run(url, tensors, emit, progress, meta, rows),
             self._streams.discard,
         )
         self._streams.add(stream)
         return stream
 
-    async def load(self, url: URL, *, tensors: Selection = None) -> dict[str, Any]:
+    async def load(
+        self, url: URL, *, tensors: Selection = None, rows: Rows = None
+    ) -> dict[str, Any]:
         """Load tensors of ``url`` into a dict (see ``stream`` for the arguments).
 
         Returns:
@@ -225,7 +233,7 @@ class Loader:
             LoaderError: naming the file, tensor or byte range that failed.
         """
         got: dict[str, Any] = {}
-        await self._run(url, tensors, got.__setitem__, Progress(), None)
+        await self._run(url, tensors, got.__setitem__, Progress(), None, rows)
         return got
 
     async def inspect(self, url: URL) -> ModelInfo:
@@ -235,7 +243,13 @@ class Loader:
             return ModelInfo(url=_display(url), layout=model.layout, headers=tuple(model.headers))
 
     async def _run(
-        self, url: URL, selection: Selection, emit: Any, progress: Progress, meta: Any
+        self,
+        url: URL,
+        selection: Selection,
+        emit: Any,
+        progress: Progress,
+        meta: Any,
+        rows: Rows = None,
     ) -> LoadReport:
         self._check_open()
         source = self._source(url, cached=True)
@@ -253,6 +267,7 @@ class Loader:
             limits=self.limits,
             budget=self._budget,
             selection=selection,
+            rows=rows,
             emit=emit,
             progress=progress,
             on_metadata=meta,
@@ -286,6 +301,7 @@ async def load_model(
     *,
     device: Any = "cpu",
     tensors: Selection = None,
+    rows: Rows = None,
     limits: Limits | None = None,
     concurrency: int | None = None,
     chunk_size: int | str | None = None,
@@ -305,6 +321,7 @@ async def load_model(
         device: where the tensors go: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         framework: ``"torch"``, ``"numpy"`` (cpu) or ``"cupy"`` (cuda).
         tensors: names to load, or a predicate on names; ``None`` loads all.
+        rows: only these rows of the first dimension of some tensors (see ``Loader.stream``).
         limits, concurrency, chunk_size, memory_limit, http, headers, s3, cache_dir, group:
             see ``Loader``.
 
@@ -327,7 +344,7 @@ async def load_model(
         cache_dir=cache_dir,
         group=group,
     ) as loader:
-        return await loader.load(url, tensors=tensors)
+        return await loader.load(url, tensors=tensors, rows=rows)
 
 
 async def inspect_model(url: URL) -> ModelInfo:

@@ -17,7 +17,7 @@ import difflib
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .config import Limits
@@ -27,6 +27,7 @@ from .errors import FormatError, HeaderError, NotFoundError, ReadError, Selectio
 from .layout import ModelLayout, resolve_layout
 from .plan import Read, Span, plan_reads
 from .report import LoadReport
+from .rows import Rows, narrow, rows_of
 from .safetensors import (
     PREFIX_SIZE,
     FileHeader,
@@ -213,6 +214,7 @@ class Load:
         progress: Progress,
         on_metadata: Callable[[dict[str, str]], None] | None,
         group: Any = None,
+        rows: Rows = None,
     ) -> None:
         self.url = url
         self.group = group
@@ -223,6 +225,7 @@ class Load:
         self.limits = limits
         self.share = Share(budget)
         self.selection = selection
+        self.rows = rows
         self.emit = emit
         self.progress = progress
         self.on_metadata = on_metadata
@@ -231,6 +234,7 @@ class Load:
         self.waiting_on: dict[str, int] = {}  # tensor -> reads still to land
         self.copying: asyncio.Queue[Staged] = asyncio.Queue()
         self.copy_seconds = 0.0
+        self.own_bytes = 0  # with a group: the bytes this rank reads itself
         self._copy_free_at = 0.0
         self.started = time.perf_counter()
         self.header_done = self.read_started = self.last_read_done = self.started
@@ -244,16 +248,24 @@ class Load:
                 if self.group is not None:
                     await announce_failure(self.group, exc)
                 raise
+            own = plan.reads
             if self.group is not None:
-                self.exchange = Exchange(self.group, plan.reads)
+                # A tensor cut to this rank's rows is read here and never exchanged.
+                shared = [r for r in plan.reads if not r.span.sliced]
+                self.exchange = Exchange(self.group, shared)
                 await self.exchange.agree()
+                own = sorted(
+                    self.exchange.mine() + [r for r in plan.reads if r.span.sliced],
+                    key=lambda r: (r.span.file, r.start),
+                )
+                self.own_bytes = sum(r.nbytes for r in own)
             self.header_done = time.perf_counter()
             # Imports and (for a GPU) the device's context are set up in a thread
             # before the first tensor is allocated; not part of the read time.
             await self.device.prepare()
             await self._allocate(plan)
             self.read_started = self.last_read_done = time.perf_counter()
-            await self._transfer(plan.reads if self.exchange is None else self.exchange.mine())
+            await self._transfer(own)
         return self._report(len(headers), len(plan.chosen))
 
     def _plan(self, headers: Sequence[FileHeader]) -> _Plan:
@@ -264,8 +276,16 @@ class Load:
                 merged.update(header.metadata)
             self.on_metadata(merged)
         wanted = _select(all_tensors, self.selection, self.url)
-        spans, reads = plan_reads(headers, wanted, self.limits.read_size)
         chosen = [t for h in headers for t in h.tensors if wanted is None or t.name in wanted]
+        cut = rows_of(chosen, self.rows, self.url)
+        if cut:
+            headers = [
+                replace(h, tensors=tuple(narrow(t, *cut[t.name]) if t.name in cut else t
+                                         for t in h.tensors))
+                for h in headers
+            ]  # fmt: skip
+            chosen = [narrow(t, *cut[t.name]) if t.name in cut else t for t in chosen]
+        spans, reads = plan_reads(headers, wanted, self.limits.read_size, alone=cut.keys())
         self.progress.tensors_total = len(chosen)
         self.progress.bytes_total = sum(t.nbytes for t in chosen)
         # A tensor is complete once every read overlapping it has landed.
@@ -324,7 +344,7 @@ class Load:
             else:
                 await device.finish(staged)
                 self._landed(read)
-                if self.exchange is not None:
+                if self.exchange is not None and not read.span.sliced:
                     self.exchange.landed(read)
 
     async def _read(self, read: Read, buffer: memoryview) -> None:
@@ -378,7 +398,7 @@ class Load:
             total_seconds=finished - self.started,
             peak_staging_bytes=self.share.peak,
             settings=self.limits.as_dict(),
-            own_bytes=None if self.exchange is None else self.exchange.own_bytes,
+            own_bytes=None if self.exchange is None else self.own_bytes,
         )
         logger.info("%s", report.summary())
         if report.copy_seconds and report.total_seconds > 1.0 and report.overlap < 0.5:

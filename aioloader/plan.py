@@ -9,11 +9,16 @@ read can bypass the page cache with ``O_DIRECT``, which needs that alignment.
 Reads never overlap, so every byte of a buffer is written exactly once: a tensor
 handed to the caller is never written again, not even by a read of its
 neighbour that covers the same 4 KiB block.
+
+A tensor cut to some of its rows (rows.py) is a span of its own (``sliced``): its
+bytes differ from rank to rank, so it is never merged with neighbours that every
+rank shares. Its buffer may then hold a 4 KiB block that a neighbour's span holds
+too; each buffer gets its own copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from .safetensors import FileHeader, TensorInfo
@@ -36,7 +41,8 @@ class Span:
     """Neighbouring selected tensors of one file, read into one buffer.
 
     ``start`` is aligned; ``end`` is aligned too and may pass the end of the file
-    (bytes past it are never filled). Tensors lie in ``[start, end)``.
+    (bytes past it are never filled). Tensors lie in ``[start, end)``. ``sliced``:
+    one tensor cut to some of its rows (see the module docstring).
     """
 
     file: int
@@ -44,6 +50,7 @@ class Span:
     start: int
     end: int
     tensors: tuple[TensorInfo, ...]
+    sliced: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -75,11 +82,23 @@ class Read:
         return f"{self.url} bytes [{self.start}, {self.end}) (tensor {shown})"
 
 
-def _spans(file: int, url: str, tensors: Sequence[TensorInfo]) -> list[Span]:
+def _spans(
+    file: int, url: str, tensors: Sequence[TensorInfo], alone: Collection[str] = ()
+) -> list[Span]:
     spans: list[Span] = []
     group: list[TensorInfo] = []
     for tensor in tensors:
         if tensor.nbytes == 0:
+            continue
+        if tensor.name in alone:
+            if group:
+                spans.append(
+                    Span(file, url, _down(group[0].start), _up(group[-1].end), tuple(group))
+                )
+                group = []
+            spans.append(
+                Span(file, url, _down(tensor.start), _up(tensor.end), (tensor,), sliced=True)
+            )
             continue
         # A gap too small to leave a whole aligned block unread costs nothing.
         if group and _down(tensor.start) > _up(group[-1].end):
@@ -110,6 +129,7 @@ def plan_reads(
     headers: Sequence[FileHeader],
     selected: Iterable[str] | None,
     read_size: int,
+    alone: Collection[str] = (),
 ) -> tuple[list[Span], list[Read]]:
     """Plan the spans and reads that fill every selected tensor.
 
@@ -117,6 +137,7 @@ def plan_reads(
         headers: validated headers, one per file, in load order.
         selected: names of tensors to read (``None`` = all).
         read_size: the largest single read; rounded down to 4 KiB (at least 4 KiB).
+        alone: names of tensors cut to some of their rows: each gets a ``sliced`` span.
 
     Returns:
         Spans in file order, and reads in file order, ascending offset within
@@ -128,7 +149,7 @@ def plan_reads(
     reads: list[Read] = []
     for index, header in enumerate(headers):
         chosen = [t for t in header.tensors if wanted is None or t.name in wanted]
-        for span in _spans(index, header.url, chosen):
+        for span in _spans(index, header.url, chosen, alone):
             spans.append(span)
             reads.extend(_cut(span, read_size))
     return spans, reads

@@ -42,7 +42,7 @@ def rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: str) -
     import torch.distributed as dist
     from safetensors.torch import load_file
 
-    from aioloader import Loader
+    from aioloader import Loader, split_rows
 
     for key, value in job.get("env", {}).items():
         os.environ[key] = value
@@ -55,11 +55,13 @@ def rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: str) -
     try:
         url = job.get("urls", {}).get(str(rank), job["url"])
         selection = job.get("tensors", {}).get(str(rank))
+        prefix = job.get("split_rows")  # tensors cut to this rank's rows
+        rows = None if prefix is None else split_rows(rank, world, lambda n: n.startswith(prefix))
 
         async def load() -> Any:
             async with Loader(group=dist.group.WORLD, **job.get("loader", {})) as loader:
                 got = {}
-                async with loader.stream(url, tensors=selection) as stream:
+                async with loader.stream(url, tensors=selection, rows=rows) as stream:
                     async for name, tensor in stream:
                         got[name] = tensor
                         if job.get("die") == rank:
@@ -70,6 +72,10 @@ def rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: str) -
         reference: dict[str, torch.Tensor] = {}
         for path in job["files"]:
             reference.update(load_file(path))
+        for name, tensor in reference.items():
+            if prefix is not None and name.startswith(prefix):
+                share = tensor.shape[0] // world
+                reference[name] = tensor[rank * share : (rank + 1) * share]
         assert got.keys() == reference.keys(), "different tensor names"
         wrong = [n for n, t in reference.items() if not _same_bits(got[n], t)]
         result.update(ok=not wrong, wrong=wrong, own_bytes=report.own_bytes, bytes=report.bytes)
@@ -241,3 +247,29 @@ def test_a_rank_that_dies_fails_the_others_within_the_group_timeout(tmp_path: Pa
     }
     results = run_ranks(2, job, tmp_path)
     assert not results[0]["ok"] and results[0]["seconds"] < TIMEOUT * 2 + 10, results[0]
+
+
+def test_ranks_read_their_own_rows_and_share_the_rest(tmp_path: Path) -> None:
+    """``rows=split_rows(...)`` with a group: each rank reads its rows of the split
+    tensors itself (nothing of them is exchanged) and a share of the others."""
+    world = 2
+    with FaultyHttpServer(tmp_path / "www") as server:
+        files = model(server.root / "m", shards=2)
+        job = {
+            "url": server.url_for("m/model.safetensors.index.json"),
+            "files": [str(p) for p in files],
+            "loader": {"chunk_size": "128KiB", "cache_dir": False},
+            "split_rows": "layer.",
+        }
+        results = run_ranks(world, job, tmp_path)
+        sent = server.bytes_sent
+    assert all(r.get("ok") for r in results), results
+    size = sum(p.stat().st_size for p in files)
+    layers = 12 * 256 * 1024 * 4  # the split tensors: each rank gets half of each
+    shared = size - layers  # roughly: embed and scale, and the headers
+    for r in results:
+        assert r["bytes"] == layers // world + 300 * 512 * 2 + 8  # its rows, and the rest
+        # Its own rows, and about half of what the ranks share.
+        assert layers // world <= r["own_bytes"] <= layers // world + shared, r
+    # The split tensors crossed the network once in all; nothing was fetched twice.
+    assert sent < size + world * len(files) * (256 << 10), (sent, size)
