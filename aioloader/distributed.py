@@ -22,6 +22,9 @@ Before anything is read, the ranks compare what they planned (an all-gather of a
 fingerprint of the files and reads, or of the error that stopped them): different
 models, settings or selections on different ranks fail at once, naming the ranks.
 
+Tensors cut to each rank's own rows (``rows=``, rows.py) are read by every rank
+for itself and take no part in the shares, the broadcasts or the fingerprint.
+
 Host memory only for now: the exchange goes over the group's backend (gloo) on
 CPU tensors.
 """
@@ -96,7 +99,7 @@ def _check_statuses(statuses: list[Any], rank: int) -> None:
         groups = " / ".join(f"ranks {', '.join(map(str, rs))}" for rs in by_plan.values())
         raise DistributedError(
             f"the ranks planned different loads ({groups}): every rank must load the same "
-            "URL with the same tensors= selection and chunk_size"
+            "URL with the same tensors= selection, chunk_size and rows= tensors"
         )
 
 
