@@ -11,8 +11,8 @@ straight into the same place on every other rank: no extra copy, and nothing hel
 beyond the tensors themselves.
 
 The broadcasts run in one thread per rank, in the same order on every rank (round
-robin over the shares, so each rank's first reads go out first), while the event
-loop goes on reading: exchange overlaps reading. Each read's data goes after a
+robin over the shares, so each rank's first reads go out first), two at a time,
+while the event loop goes on reading: exchange overlaps reading. Each read's data goes after a
 small status broadcast from its owner, so that a rank that fails (or is
 cancelled) tells the others at that point, and every rank stops with an error that
 names it. A rank that dies outright is noticed when the process group's timeout
@@ -32,8 +32,10 @@ CPU tensors.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -45,6 +47,10 @@ __all__ = ["DistributedError", "Exchange", "announce_failure", "run_exchange", "
 _OK, _FAILED = 1, 0
 _MESSAGE = 2048  # bytes of a failure message sent to the other ranks
 _UNIT = 64 << 20  # the most bytes of neighbouring reads broadcast at once
+# Data broadcasts in flight at once: a gloo group runs collectives on two threads by
+# default, so while one unit goes out the next one's status and data can start. With
+# 4 ranks on 2 vCPUs a 1.08 GB load took 4.7-5.3 s this way, 5.9-9.9 s one at a time.
+_IN_FLIGHT = 2
 
 
 class DistributedError(LoaderError):
@@ -203,39 +209,56 @@ class Exchange:
 
         dist = _dist()
         status = torch.zeros(1 + _MESSAGE, dtype=torch.uint8)
-        for unit in self.order():
-            reads = [self.reads[i] for i in unit]
-            owner = self.owners[unit[0]]
-            source = self._global[owner]
-            if owner == self.rank:
-                events = [self._landed[i] for i in unit]
-                for event in events:
-                    while not event.wait(0.05) and self._failure is None:
-                        pass
-                status.zero_()
-                if self._failure is None:
-                    status[0] = _OK
+        pending: deque[tuple[Any, list[Read], int]] = deque()
+
+        def settle(keep: int) -> None:
+            while len(pending) > keep:
+                work, reads, owner = pending.popleft()
+                work.wait()
+                if owner != self.rank:
+                    for read in reads:
+                        received(read)
+
+        try:
+            for unit in self.order():
+                reads = [self.reads[i] for i in unit]
+                owner = self.owners[unit[0]]
+                source = self._global[owner]
+                if owner == self.rank:
+                    events = [self._landed[i] for i in unit]
+                    for event in events:
+                        while not event.wait(0.05) and self._failure is None:
+                            pass
+                    status.zero_()
+                    if self._failure is None:
+                        status[0] = _OK
+                    else:
+                        text = self._failure.encode()[:_MESSAGE]
+                        status[1 : 1 + len(text)] = torch.frombuffer(
+                            bytearray(text), dtype=torch.uint8
+                        )
+                    dist.broadcast(status, src=source, group=self.group)
+                    if status[0] != _OK:
+                        raise DistributedError(f"rank {self.rank} stopped: {self._failure}")
                 else:
-                    text = self._failure.encode()[:_MESSAGE]
-                    status[1 : 1 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-                dist.broadcast(status, src=source, group=self.group)
-                if status[0] != _OK:
-                    raise DistributedError(f"rank {self.rank} stopped: {self._failure}")
-            else:
-                dist.broadcast(status, src=source, group=self.group)
-                if status[0] != _OK:
-                    message = bytes(status[1:].numpy()).rstrip(b"\0").decode(errors="replace")
-                    raise DistributedError(
-                        f"rank {owner} of {self.world} failed while loading "
-                        f"{reads[0].describe()}: {message}"
-                    )
-            view = buffer_of(reads[0].span, reads[0].start, reads[-1].end)
-            dist.broadcast(
-                torch.from_numpy(np.frombuffer(view, dtype=np.uint8)), src=source, group=self.group
-            )
-            if owner != self.rank:
-                for read in reads:
-                    received(read)
+                    dist.broadcast(status, src=source, group=self.group)
+                    if status[0] != _OK:
+                        message = bytes(status[1:].numpy()).rstrip(b"\0").decode(errors="replace")
+                        raise DistributedError(
+                            f"rank {owner} of {self.world} failed while loading "
+                            f"{reads[0].describe()}: {message}"
+                        )
+                view = buffer_of(reads[0].span, reads[0].start, reads[-1].end)
+                data = torch.from_numpy(np.frombuffer(view, dtype=np.uint8))
+                work = dist.broadcast(data, src=source, group=self.group, async_op=True)
+                pending.append((work, reads, owner))
+                settle(_IN_FLIGHT - 1)
+            settle(0)
+        finally:
+            # Stopped early: broadcasts already started still write into the tensors.
+            for work, _, _ in pending:
+                with contextlib.suppress(Exception):
+                    work.wait()
 
 
 async def run_exchange(
