@@ -13,13 +13,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from aioloader import ModelCache, load_model
 from aioloader.cache.checksum import hash_file
 from aioloader.cache.entry import EntryFiles, Version
 from aioloader.cache.partial import PartialFile
 
-from .helpers import assert_matches_files, write_sharded
+from .helpers import assert_matches_files, write_file, write_sharded
 from .servers import FaultyHttpServer
 from .test_cache import big_tensors, data_gets, entry_dir, meta_of
 
@@ -129,3 +130,14 @@ def test_direct_writes_of_aligned_unaligned_and_read_only_pieces(tmp_path: Path)
     meta = partial.complete()
     assert files.data.read_bytes() == data.tobytes()
     assert meta.complete and meta.checksum == hash_file(files.data)
+
+
+async def test_verify_right_after_a_load_waits_for_its_commit(
+    http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """``verify`` checked a file whose commit was still running and called it "partial"
+    (seen in CI); it now waits for this process's commits under its folder first."""
+    write_file(http_server.root / "m.safetensors", {"w": torch.ones(16 << 20)})  # 64 MiB
+    root = tmp_path / "cache"
+    await load_model(http_server.url_for("m.safetensors"), cache_dir=root)
+    assert [r.status for r in await ModelCache(root).verify()] == ["ok"]

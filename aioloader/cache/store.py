@@ -273,12 +273,16 @@ class ModelCache:
             url: a file URL, or several (a model's ``CachedModel.files``); ``None``:
                 every entry.
 
+        Files that loads in this process finished but whose commit is still running
+        (see ``wait_committed``) are checked once committed.
+
         Returns:
             One VerifyResult per file, in order; ``"missing"`` for a URL not cached.
 
         Raises:
             CacheError: the cache folder cannot be read.
         """
+        await commit.wait(self.root)
         if url is None:
             urls = [e.url for e in await run_blocking(None, self.entries)]
         else:
