@@ -66,6 +66,8 @@ def rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: str) -
                         got[name] = tensor
                         if job.get("die") == rank:
                             os._exit(3)  # a rank that crashes mid-load
+                        if job.get("cancel") == rank:
+                            asyncio.current_task().cancel()  # type: ignore[union-attr]
                 return got, stream.report
 
         got, report = asyncio.run(load())
@@ -81,6 +83,8 @@ def rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: str) -
         result.update(ok=not wrong, wrong=wrong, own_bytes=report.own_bytes, bytes=report.bytes)
     except Exception as exc:
         result.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+    except asyncio.CancelledError:
+        result.update(ok=False, error="cancelled")
     result["seconds"] = time.monotonic() - started
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
@@ -247,6 +251,23 @@ def test_a_rank_that_dies_fails_the_others_within_the_group_timeout(tmp_path: Pa
     }
     results = run_ranks(2, job, tmp_path)
     assert not results[0]["ok"] and results[0]["seconds"] < TIMEOUT * 2 + 10, results[0]
+
+
+def test_a_cancelled_rank_is_named_by_the_others(tmp_path: Path) -> None:
+    """Rank 1 is cancelled at its first tensor, before its first share has gone out:
+    with broadcasts in flight, rank 0 still hears it and fails at once, naming it."""
+    files = model(tmp_path / "m", shards=2)
+    job = {
+        "url": str(tmp_path / "m"),
+        "files": [str(p) for p in files],
+        "loader": {"chunk_size": "16KiB", "concurrency": 1},
+        "cancel": 1,
+    }
+    results = run_ranks(2, job, tmp_path)
+    assert results[1]["error"] == "cancelled", results[1]
+    assert "DistributedError" in results[0]["error"], results[0]
+    assert "rank 1 of 2 failed" in results[0]["error"] and "cancelled" in results[0]["error"]
+    assert results[0]["seconds"] < TIMEOUT
 
 
 def test_ranks_read_their_own_rows_and_share_the_rest(tmp_path: Path) -> None:
