@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ._threads import finish_before_cancel
 from .errors import ConfigError, LoaderError
 from .plan import Read, Span
 
@@ -283,9 +284,6 @@ async def run_exchange(
         await asyncio.shield(future)
     except asyncio.CancelledError:
         ex.fail("cancelled")
-        while not future.done():
-            try:
-                await asyncio.wait([future])
-            except asyncio.CancelledError:
-                continue
+        with contextlib.suppress(Exception):  # its error names this rank's cancellation
+            await finish_before_cancel(future)
         raise

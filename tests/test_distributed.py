@@ -241,14 +241,19 @@ def test_a_rank_whose_read_fails_is_named_by_the_others(tmp_path: Path) -> None:
     assert results[0]["seconds"] < TIMEOUT
 
 
-def test_a_rank_that_dies_fails_the_others_within_the_group_timeout(tmp_path: Path) -> None:
-    files = model(tmp_path / "m", shards=2)
-    job = {
-        "url": str(tmp_path / "m"),
+def slow_job(folder: Path, **extra: Any) -> dict[str, Any]:
+    """A two-shard model read in small reads one at a time: a load long enough to stop."""
+    files = model(folder, shards=2)
+    return {
+        "url": str(folder),
         "files": [str(p) for p in files],
         "loader": {"chunk_size": "16KiB", "concurrency": 1},
-        "die": 1,
+        **extra,
     }
+
+
+def test_a_rank_that_dies_fails_the_others_within_the_group_timeout(tmp_path: Path) -> None:
+    job = slow_job(tmp_path / "m", die=1)
     results = run_ranks(2, job, tmp_path)
     assert not results[0]["ok"] and results[0]["seconds"] < TIMEOUT * 2 + 10, results[0]
 
@@ -256,13 +261,7 @@ def test_a_rank_that_dies_fails_the_others_within_the_group_timeout(tmp_path: Pa
 def test_a_cancelled_rank_is_named_by_the_others(tmp_path: Path) -> None:
     """Rank 1 is cancelled at its first tensor, before its first share has gone out:
     with broadcasts in flight, rank 0 still hears it and fails at once, naming it."""
-    files = model(tmp_path / "m", shards=2)
-    job = {
-        "url": str(tmp_path / "m"),
-        "files": [str(p) for p in files],
-        "loader": {"chunk_size": "16KiB", "concurrency": 1},
-        "cancel": 1,
-    }
+    job = slow_job(tmp_path / "m", cancel=1)
     results = run_ranks(2, job, tmp_path)
     assert results[1]["error"] == "cancelled", results[1]
     assert "DistributedError" in results[0]["error"], results[0]

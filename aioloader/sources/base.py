@@ -53,13 +53,13 @@ class Source(ABC):
         is a digest (S3's ``x-amz-server-side-encryption``); empty where it has none."""
         return {}
 
-    @abstractmethod
     def join(self, base: str, name: str) -> str:
-        """The URL of ``name`` inside the folder ``base``."""
+        """The URL of ``name`` inside the folder ``base`` (here: ``/``-separated URLs)."""
+        return base.rstrip("/") + "/" + name
 
-    @abstractmethod
     def parent(self, url: str) -> str:
-        """The folder holding ``url``."""
+        """The folder holding ``url`` (here: ``/``-separated URLs)."""
+        return url.rsplit("/", 1)[0]
 
     @abstractmethod
     async def aclose(self) -> None:

@@ -232,11 +232,5 @@ class GcsSource(Source):
         )
         return GcsBlob(await self._store.open(url, fetch_url), generation)
 
-    def join(self, base: str, name: str) -> str:
-        return base.rstrip("/") + "/" + name
-
-    def parent(self, url: str) -> str:
-        return url.rsplit("/", 1)[0]
-
     async def aclose(self) -> None:
         await self._store.aclose()

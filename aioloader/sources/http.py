@@ -55,8 +55,5 @@ class HttpSource(Source):
     def join(self, base: str, name: str) -> str:
         return urljoin(base if base.endswith("/") else base + "/", name)
 
-    def parent(self, url: str) -> str:
-        return url.rsplit("/", 1)[0]
-
     async def aclose(self) -> None:
         await self._store.aclose()

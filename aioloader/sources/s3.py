@@ -155,11 +155,5 @@ class S3Source(Source):
                 f"{url} does not exist at {self._signer.endpoint} ({exc}); check the bucket and key"
             ) from exc
 
-    def join(self, base: str, name: str) -> str:
-        return base.rstrip("/") + "/" + name
-
-    def parent(self, url: str) -> str:
-        return url.rsplit("/", 1)[0]
-
     async def aclose(self) -> None:
         await self._store.aclose()
