@@ -83,9 +83,14 @@ Why it is built this way
 * torch and the tool's own modules are imported before the clock starts;
   importing torch takes seconds and is not load time.
 * The VMs this runs on hand freed memory back to their host, and memory
-  touched for the first time then fills at about 1 GB/s. Each worker therefore
-  touches and frees a buffer the size of the data just before the clock
-  starts, identically for every tool, and resets its peak-RSS counter after.
+  touched for the first time then fills at 0.4-1.3 GB/s. Each worker therefore
+  touches and frees a buffer the size of the data as the last thing before the
+  clock starts, identically for every tool, and resets its peak-RSS counter
+  after. Where the VM reports free memory to the host at once (the machine
+  lines say so), this helps only what a load allocates in its first fraction
+  of a second: refilled at once 3 GiB filled at 6.9-7.9 GB/s, after 0.5 s at
+  3.7, after 2 s at 1.4. How fast the buffer filled is printed with every run
+  ("fresh memory"): runs that differ there are not comparable.
 * Tools are interleaved (for each repetition, every tool once, starting one
   tool later each time) so that drift over the session and the aftermath of
   the previous run hit them all alike; the median and the best are reported.

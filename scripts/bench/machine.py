@@ -80,6 +80,7 @@ def machine_info(out: Path) -> dict[str, Any]:
         "thp_enabled": read_text("/sys/kernel/mm/transparent_hugepage/enabled"),
         "thp_defrag": read_text("/sys/kernel/mm/transparent_hugepage/defrag"),
         "proactive_reclaim": proactive_reclaim(),
+        "free_page_reporting": free_page_reporting(),
         "filesystem": filesystem_of(out if out.exists() else out.parent),
         "python": platform.python_version(),
         "versions": {name: version_of(name) for name in packages},
@@ -100,6 +101,20 @@ def proactive_reclaim() -> str | None:
     return ", ".join(sorted(set(found))) or None
 
 
+def free_page_reporting() -> str | None:
+    """How this VM hands freed memory back to its host, when it does (virtio-balloon).
+
+    Memory handed back is slow to touch again (the host must supply it), so a
+    load into fresh memory runs at the pace the host sets: see worker.prefault.
+    """
+    parameters = Path("/sys/module/page_reporting/parameters")
+    if not Path("/sys/bus/virtio/drivers/virtio_balloon").exists() or not parameters.is_dir():
+        return None
+    wait = read_text(str(parameters / "min_free_ms"))
+    order = read_text(str(parameters / "page_reporting_order"))
+    return f"free memory is reported to the host after {wait} ms, in blocks of order {order}"
+
+
 def print_machine(info: dict[str, Any]) -> None:
     print(f"machine: {info['cpus']} CPUs ({info['cpus_usable']} usable), {info['cpu_model']}")
     print(f"         {info['memory_gib']} GiB RAM, kernel {info['kernel']}")
@@ -107,6 +122,8 @@ def print_machine(info: dict[str, Any]) -> None:
     print(f"         data on {info['filesystem']}")
     if info["proactive_reclaim"]:
         print(f"         proactive reclaim: {info['proactive_reclaim']} (warm runs re-read first)")
+    if info["free_page_reporting"]:
+        print(f"         {info['free_page_reporting']} (see 'fresh memory' per run)")
     versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
     print(f"python {info['python']}: {versions}; fio: {info['fio']}")
 

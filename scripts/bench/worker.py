@@ -38,12 +38,17 @@ def reset_peak_rss() -> bool:
     return True
 
 
-def prefault(nbytes: int) -> None:
-    """Touch, then free, ``nbytes`` of fresh memory: see the module docstring."""
+def prefault(nbytes: int) -> float:
+    """Touch, then free, ``nbytes`` of fresh memory (see the package docstring); returns
+    how fast it filled, in bytes per second: how much memory the host had to hand
+    back just then, which sets the pace of every load into fresh memory."""
     import numpy as np
 
+    start = time.perf_counter()
     buffer = np.ones(nbytes, np.uint8)
+    seconds = time.perf_counter() - start
     del buffer
+    return nbytes / seconds if seconds > 0 else 0.0
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -80,12 +85,14 @@ def worker(
     prepared = time.perf_counter()
     load = prepare(tool, target, files, url, cache_dir)  # the tool's imports, once per process
     prepared = time.perf_counter() - prepared
-    prefault(sum(p.stat().st_size for p in files))
     # Importing torch leaves a full collection of its ~10^6 objects pending: the
     # first Python code after it that allocates a few hundred objects pays it
     # (70-80 ms measured here, inside aioloader's first load; plain preadv
     # allocates too little to trigger it). Every tool starts after that collection.
     gc.collect()
+    # Last before the clock: freed memory stays backed by the host only briefly
+    # (see prefault), so nothing that takes time may come between.
+    fresh_memory = prefault(sum(p.stat().st_size for p in files))
     rss_reset = reset_peak_rss()
     rss_before = proc_status("VmRSS")
     user, system = cpu_seconds()
@@ -99,6 +106,7 @@ def worker(
         "seconds": loaded.seconds if loaded.seconds is not None else seconds,
         "wall_seconds": seconds,
         "prepare_seconds": prepared,
+        "fresh_memory_rate": fresh_memory,
         "first_tensor_seconds": None if loaded.first is None else loaded.first - start,
         "cpu_user": user_after - user,
         "cpu_system": system_after - system,
