@@ -265,6 +265,14 @@ class Load:
             await self.device.prepare()
             await self._allocate(plan)
             self.read_started = self.last_read_done = time.perf_counter()
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "%s: reading %d tensors (%d bytes) in %d reads",
+                    self.url,
+                    len(plan.chosen),
+                    sum(r.nbytes for r in own),
+                    len(own),
+                )
             await self._transfer(own)
         return self._report(len(headers), len(plan.chosen))
 

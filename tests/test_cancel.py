@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -66,14 +67,30 @@ async def test_file_shrinking_mid_load_names_file_tensor_and_range(tmp_path: Pat
 
 
 def test_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
+    """Ctrl-C in the middle of the reads (not during start-up, which a fixed sleep
+    could not tell apart on a loaded machine): the load's debug line says when."""
     path = write_file(tmp_path / "m.safetensors", {"w": torch.zeros(1 << 24)})  # 64 MiB
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aioloader", "load", str(path), "--chunk-size", "4KiB",
+        [sys.executable, "-m", "aioloader", "-v", "load", str(path), "--chunk-size", "4KiB",
          "--concurrency", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(2.0)
+    assert proc.stderr is not None
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+        line = proc.stderr.readline() if ready else ""
+        seen.append(line)
+        if "reading 1 tensors" in line:
+            break
+        if ready and not line:
+            break  # it exited
+    else:
+        proc.kill()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
+    err = "".join(seen) + err
+    assert "reading 1 tensors" in err, err
     assert proc.returncode == 130, (proc.returncode, out, err)
     assert "interrupted" in err and "Traceback" not in err
