@@ -189,8 +189,13 @@ class Loader:
         key = f"{scheme}+cache"
         caching = self._sources.get(key)
         if caching is None:
+            # Host tensors are the buffers reads land in: their cache writes can wait
+            # until the load is over. Staged (GPU) buffers are reused at once.
             caching = self._sources[key] = CachingSource(
-                source, self._cache, threads=self.limits.concurrency
+                source,
+                self._cache,
+                threads=self.limits.concurrency,
+                write_after=not self._device.copies,
             )
         return caching
 

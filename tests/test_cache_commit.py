@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
-from aioloader import ModelCache, load_model
+from aioloader import Loader, ModelCache, load_model
 from aioloader.cache.checksum import hash_file
 from aioloader.cache.entry import EntryFiles, Version
-from aioloader.cache.partial import PartialFile
+from aioloader.cache.partial import PartialFile, RangeMismatch, range_digest
 
 from .helpers import assert_matches_files, write_file, write_sharded
 from .servers import FaultyHttpServer
@@ -141,3 +142,59 @@ async def test_verify_right_after_a_load_waits_for_its_commit(
     root = tmp_path / "cache"
     await load_model(http_server.url_for("m.safetensors"), cache_dir=root)
     assert [r.status for r in await ModelCache(root).verify()] == ["ok"]
+
+
+def test_a_range_changed_before_its_write_is_caught_at_commit(tmp_path: Path) -> None:
+    """Write-behind: the digest is taken when the bytes arrive; a tensor changed in
+    place before its bytes were written makes ``complete`` refuse the entry, in this
+    process or in the one that resumes the partial file."""
+    size = 3 * 65536
+    data = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+    url = "http://example.invalid/m.safetensors"
+    files = EntryFiles.of(tmp_path / "cache", url)
+    version = Version(size, '"v1"', None)
+
+    partial = PartialFile.open(files, url, version, direct=True)
+    memory = data.copy()
+    for start in range(0, size, 65536):
+        views = [memoryview(memory[start : start + 65536])]
+        digest = range_digest(views)
+        if start == 65536:
+            memory[start + 10] ^= 0xFF  # the caller changed it before the write
+        partial.write(start, views, digest)
+    with pytest.raises(RangeMismatch, match=r"bytes \[65536, 131072\)"):
+        partial.complete()
+    partial.close()
+
+    # The journal keeps the digests: a resumed partial file is checked the same way.
+    resumed = PartialFile.open(files, url, version, direct=True)
+    assert resumed.finished
+    with pytest.raises(RangeMismatch):
+        resumed.complete()
+    resumed.close()
+
+    # Untouched bytes pass.
+    files.discard()
+    partial = PartialFile.open(files, url, version, direct=True)
+    for start in range(0, size, 65536):
+        views = [memoryview(data[start : start + 65536].copy())]
+        partial.write(start, views, range_digest(views))
+    assert partial.complete().complete
+    assert files.data.read_bytes() == data.tobytes()
+
+
+async def test_tensors_changed_as_they_arrive_never_reach_the_cache_changed(
+    http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """A caller zeroes each tensor the moment it arrives (before its bytes may have been
+    written to the cache): whatever the cache keeps is the server's bytes."""
+    path = write_file(http_server.root / "m.safetensors", big_tensors(count=16))
+    root = tmp_path / "cache"
+    url = http_server.url_for("m.safetensors")
+    async with Loader(cache_dir=root, chunk_size="64KiB") as loader:
+        async with loader.stream(url) as stream:
+            async for _, tensor in stream:
+                tensor.zero_()
+    await ModelCache(root).wait_committed()
+    assert {r.status for r in await ModelCache(root).verify()} <= {"ok", "missing"}
+    assert_matches_files(await load_model(url, cache_dir=root), path)

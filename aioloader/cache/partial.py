@@ -9,6 +9,13 @@ file's lock) and leaves a second copy of the model in memory for the kernel to
 write back; a direct write costs the CPU almost nothing and runs at the disk's
 speed. The checksum is then computed at ``complete``, from the disk, after the
 load has returned (commit.py), instead of while the load waits.
+
+A load into host memory also hands its tensors out before their bytes reach the
+disk (tee.py): the caller may then change a tensor in place before it is written.
+So such a write carries a digest of the range taken when the bytes arrived, the
+journal keeps it beside the range, and ``complete`` reads every such range back
+and compares before the entry may become complete (``RangeMismatch`` otherwise).
+A resumed partial file is checked the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import xxhash
+
 from .checksum import DigestMismatch, PrefixHash, Published
 from .entry import (
     BOOT_ID,
@@ -38,8 +47,9 @@ from .entry import (
 from .paths import open_file
 from .ranges import RangeSet
 
-__all__ = ["PartialFile", "clip"]
+__all__ = ["PartialFile", "RangeMismatch", "clip", "range_digest"]
 
+_CHECK_PIECE = 4 << 20  # bytes read at once when checking ranges at ``complete``
 _ALIGNMENT = 4096  # what O_DIRECT asks of offsets, lengths and addresses on every disk we know
 _DIRECT_IO = sys.platform == "linux" and hasattr(os, "O_DIRECT")
 
@@ -56,22 +66,43 @@ def clip(buffers: Sequence[memoryview], limit: int) -> list[memoryview]:
     return out
 
 
-def _read_journal(path: Path, size: int) -> RangeSet:
+Check = tuple[int, int, str]  # a range written after hand-out, and its digest on arrival
+
+
+class RangeMismatch(Exception):
+    """A range's bytes on disk differ from the bytes that arrived (changed before written)."""
+
+
+def range_digest(views: Sequence[memoryview]) -> str:
+    """The digest ``PartialFile.write`` is given for bytes it may write later."""
+    digest = xxhash.xxh3_64()
+    for view in views:
+        digest.update(view)
+    return digest.hexdigest()
+
+
+def _read_journal(path: Path, size: int) -> tuple[RangeSet, list[Check]]:
     ranges = RangeSet()
+    checks: list[Check] = []
     try:
         fd = open_file(path, os.O_RDONLY)
     except FileNotFoundError:
-        return ranges
+        return ranges, checks
     with open(fd, "rb") as fh:
         text = fh.read().decode(errors="replace")
     for line in text.splitlines():
         parts = line.split()
         # A torn last line (crash mid-append) is ignored: those bytes are fetched again.
-        if len(parts) == 2 and all(p.isdigit() for p in parts):
-            start, end = int(parts[0]), int(parts[1])
-            if 0 <= start < end <= size:
-                ranges.add(start, end)
-    return ranges
+        if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[:2]):
+            continue
+        if len(parts) == 3 and len(parts[2]) != 16:
+            continue
+        start, end = int(parts[0]), int(parts[1])
+        if 0 <= start < end <= size:
+            ranges.add(start, end)
+            if len(parts) == 3:
+                checks.append((start, end, parts[2]))
+    return ranges, checks
 
 
 class PartialFile:
@@ -91,10 +122,12 @@ class PartialFile:
         journal: int,
         published: Published | None = None,
         direct: int | None = None,
+        checks: Sequence[Check] = (),
     ) -> None:
         self.files = files
         self.meta = meta
         self.done = done
+        self._checks = list(checks)
         self._fd: int | None = fd
         self._journal = journal
         self._direct = direct
@@ -142,12 +175,12 @@ class PartialFile:
         direct_fd = None
         try:
             if resumable and meta is not None:
-                done = _read_journal(files.journal, version.size)
+                done, checks = _read_journal(files.journal, version.size)
                 fd = open_file(files.partial, os.O_RDWR)
             else:
                 files.discard()
                 meta = Meta.new(url, version)
-                done = RangeSet()
+                done, checks = RangeSet(), []
                 fd = open_file(files.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
                 _preallocate(fd, version.size)
                 write_meta(files, meta)
@@ -161,7 +194,7 @@ class PartialFile:
             if not resumable:
                 files.discard()  # nothing half made stays behind
             raise
-        return cls(files, meta, done, fd, journal, published, direct_fd)
+        return cls(files, meta, done, fd, journal, published, direct_fd, checks)
 
     def _require(self) -> int:
         if self._fd is None:
@@ -172,8 +205,12 @@ class PartialFile:
         with self._lock:
             return min(self.done.prefix(), self.size)
 
-    def write(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        """Write the bytes of ``buffers`` at ``offset``, journal the range, hash on."""
+    def write(self, offset: int, buffers: Sequence[memoryview], digest: str | None = None) -> None:
+        """Write the bytes of ``buffers`` at ``offset``, journal the range, hash on.
+
+        ``digest``: ``range_digest`` of the bytes as they arrived, when they may have
+        changed since (see the module docstring); ``complete`` checks it.
+        """
         fd = self._require()
         position = offset
         for view in clip(buffers, self.size - offset):
@@ -183,8 +220,11 @@ class PartialFile:
             position += view.nbytes
         if position > offset:
             with self._lock:
-                os.write(self._journal, f"{offset} {position}\n".encode())
+                line = f"{offset} {position}" if digest is None else f"{offset} {position} {digest}"
+                os.write(self._journal, f"{line}\n".encode())
                 self.done.add(offset, position)
+                if digest is not None:
+                    self._checks.append((offset, position, digest))
             if self._direct is None:
                 # The bytes just written are in the page cache: hash them now, not at the end.
                 self._digest.advance(fd, self._present)
@@ -206,6 +246,11 @@ class PartialFile:
         with self._lock:
             return self.done.covers(start, min(end, self.size))
 
+    def covered_with(self, submitted: RangeSet) -> bool:
+        """Whether the ranges written and ``submitted`` (being written) hold every byte."""
+        with self._lock:
+            return RangeSet([*self.done, *submitted]).covers(0, self.size)
+
     @property
     def finished(self) -> bool:
         return self.covers(0, self.size)
@@ -221,6 +266,7 @@ class PartialFile:
         fd = self._require()
         if not self.finished:
             raise ValueError(f"{self.files.partial} is not complete yet")
+        self._check_ranges(fd)
         self._digest.advance(fd, lambda: self.size, wait=True)
         actual = self._digest.published_form()
         if self._published is not None and actual != self._published.value:
@@ -240,6 +286,32 @@ class PartialFile:
             os.unlink(self.files.journal)
         self.close()
         return self.meta
+
+    def _check_ranges(self, fd: int) -> None:
+        """Compare every range written with a digest against the file (see ``write``).
+
+        Raises:
+            RangeMismatch: naming the first range whose bytes changed.
+        """
+        with self._lock:
+            checks = sorted(self._checks)
+        buffer = bytearray(_CHECK_PIECE)
+        for start, end, expected in checks:
+            digest = xxhash.xxh3_64()
+            position = start
+            while position < end:
+                view = memoryview(buffer)[: min(_CHECK_PIECE, end - position)]
+                got = os.preadv(fd, [view], position)
+                if got == 0:
+                    raise EOFError(position)
+                digest.update(view[:got])
+                position += got
+            if digest.hexdigest() != expected:
+                raise RangeMismatch(
+                    f"bytes [{start}, {end}) of {self.files.partial} are not the bytes that "
+                    "arrived: a tensor was changed in place before its bytes were written "
+                    "to the cache"
+                )
 
     def close(self) -> None:
         """Close the files; the partial download stays resumable. Idempotent."""

@@ -12,6 +12,15 @@ request: size and ETag), then:
   Once every byte has been written (a full load reads them all), closing the
   blob hands the entry to a commit thread, which completes it after the load
   has returned (commit.py); a partial load leaves it resumable;
+* into host memory (``write_after``), a read returns as soon as its bytes have
+  arrived and their digest is taken; its write waits until the blob is closed,
+  when the load's reads are over, and runs in writer threads while the commit
+  waits for it. The load goes at the remote's speed with no disk write in it
+  (docs/benchmarks.md). A tensor changed in place before its bytes were written
+  costs the entry (the commit checks each range against its digest, partial.py),
+  never its correctness; the memory of the tensors stays alive until written.
+  Staged (GPU) loads reuse their buffers at once and write before each read
+  returns;
 * otherwise the remote blob is returned as it is.
 
 When the cache cannot take the bytes (a full disk, a quota, a read-only or
@@ -26,8 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from typing import Any
 
 from .._threads import run_blocking
@@ -39,12 +50,28 @@ from .claim import claim
 from .entry import EntryFiles, Version, cache_error, no_room
 from .fetch import version_of
 from .locks import FileLock, acquire
-from .partial import PartialFile, clip
+from .partial import PartialFile, RangeMismatch, clip, range_digest
+from .ranges import RangeSet
 from .shelf import Shelf
 
 __all__ = ["CachingSource"]
 
 logger = logging.getLogger("aioloader")
+
+# Writer threads for the writes after a load, shared by the process: O_DIRECT writes
+# of whole reads, so a handful keeps the disk's queue full. Not daemon threads: a
+# process that exits normally finishes the writes (and the commits waiting for them).
+_WRITERS = 8
+_writers_lock = threading.Lock()
+_writers: ThreadPoolExecutor | None = None
+
+
+def _writer_pool() -> ThreadPoolExecutor:
+    global _writers
+    with _writers_lock:
+        if _writers is None:
+            _writers = ThreadPoolExecutor(_WRITERS, thread_name_prefix="aioloader-cache-write")
+        return _writers
 
 
 class _LocalBlob(Blob):
@@ -104,6 +131,11 @@ class _TeeBlob(Blob):
         self._owned = partial
         self._lock = lock
         self._closed = False
+        self._after = source.write_after
+        # Ranges received and not written yet, with their digests on arrival.
+        self._queued: list[tuple[int, list[memoryview], str]] = []
+        self._submitted = RangeSet()  # the ranges in _queued
+        self._write_error: OSError | None = None  # the first a writer thread met
         source._open_blobs.add(self)
 
     def __repr__(self) -> str:
@@ -135,6 +167,13 @@ class _TeeBlob(Blob):
             return
         await self._remote.read_into(offset, buffers)
         self._source.cache.record_download(end - offset)
+        if self._after:
+            if end > offset:
+                views = clip(buffers, self.size - offset)
+                digest = await self._blocking(lambda: range_digest(views))
+                self._submitted.add(offset, end)
+                self._queued.append((offset, views, digest))
+            return
         try:
             await self._blocking(lambda: partial.write(offset, buffers))
         except OSError as exc:
@@ -144,21 +183,45 @@ class _TeeBlob(Blob):
             self._partial = None
             self._source.cache.warn_uncached(exc, self.url)
 
+    def _write_queued(
+        self, partial: PartialFile, offset: int, views: list[memoryview], digest: str
+    ) -> None:
+        """One read's bytes into the partial file (in a writer thread)."""
+        if self._write_error is not None:
+            return  # the cache has given up on this file
+        try:
+            partial.write(offset, views, digest)
+        except OSError as exc:
+            if self._write_error is None:
+                self._write_error = exc
+
     async def aclose(self) -> None:
         if self._closed:
             return
         self._source._open_blobs.discard(self)
-        committing = False
+        handed_off = False
         try:
             await self._remote.aclose()
             partial = self._partial
-            if partial is not None and partial.finished:
-                # The tensors are out: the commit need not hold the load up (commit.py).
-                commit.submit(self._source.cache.root, lambda: self._commit(partial))
-                committing = True
+            if partial is not None:
+                # The tensors are out: what is left (writing the queued ranges, then
+                # completing the entry if every byte is there) need not hold the load
+                # up, and runs after it (commit.py).
+                queued, self._queued = self._queued, []
+                pool = _writer_pool() if queued else None
+                writes = (
+                    [pool.submit(self._write_queued, partial, *job) for job in queued]
+                    if pool
+                    else []
+                )
+                finished = partial.covered_with(self._submitted)
+                if finished or writes:
+                    root = self._source.cache.root
+                    commit.submit(root, lambda: self._settle(partial, writes, finished))
+                    handed_off = True
         finally:
             self._closed = True
-            if not committing:
+            if not handed_off:
                 try:
                     if self._partial is None:
                         # The cache gave up on this file: leave none of it behind.
@@ -171,11 +234,19 @@ class _TeeBlob(Blob):
         self._owned.close()
         _discard_quietly(self._owned.files)
 
-    def _commit(self, partial: PartialFile) -> None:
-        """Complete the entry, then let it go (in a commit thread; errors are logged)."""
+    def _settle(self, partial: PartialFile, writes: list[Future[None]], finished: bool) -> None:
+        """Wait for the queued writes, complete the entry when ``finished`` (else it stays
+        resumable), then let it go: in a commit thread, so errors are logged."""
         cache = self._source.cache
         try:
-            partial.complete()
+            wait_all(writes)
+            if self._write_error is not None:
+                raise self._write_error
+            if finished:
+                partial.complete()
+        except RangeMismatch as exc:
+            logger.warning("model cache %s: %s; not caching %s", cache.root, exc, self.url)
+            self._discard()
         except OSError as exc:
             # The tensors are loaded already: nothing to fail but the entry.
             if no_room(exc):
@@ -186,10 +257,11 @@ class _TeeBlob(Blob):
         except Exception:
             logger.exception("completing the cache entry of %s failed", self.url)
         else:
-            try:
-                cache.after_complete(self.url)
-            except CacheError as exc:
-                logger.warning("%s", exc)
+            if finished:
+                try:
+                    cache.after_complete(self.url)
+                except CacheError as exc:
+                    logger.warning("%s", exc)
         finally:
             self._owned.close()
             self._lock.release()
@@ -202,13 +274,18 @@ class CachingSource(Source):
         inner: the remote Source (HTTP or S3).
         cache: the cache to read from and fill.
         threads: threads for local reads and cache writes, normally ``concurrency``.
+        write_after: the buffers reads land in are the caller's tensors, which stay
+            as they are: write them after the load (see the module docstring).
 
     ``aclose`` releases the threads; ``inner`` belongs to the caller and stays open.
     """
 
-    def __init__(self, inner: Source, cache: Shelf, *, threads: int) -> None:
+    def __init__(
+        self, inner: Source, cache: Shelf, *, threads: int, write_after: bool = False
+    ) -> None:
         self.inner = inner
         self.cache = cache
+        self.write_after = write_after
         self._threads = threads
         self._local: FileSource | None = None
         self._executor: ThreadPoolExecutor | None = None
