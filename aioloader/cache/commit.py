@@ -1,19 +1,20 @@
 """Committing finished cache entries after the load that wrote them has returned.
 
-A load through the cache (tee.py) writes each file into its entry as the bytes
-arrive, but making the entry complete (hashing it, ``fsync``, the rename to
-``data``, ``meta.json``, eviction under the cap) takes as long as the disk needs
-to take the file: seconds for a large model. That work is not what the caller
-waits for, so it runs here, in a small process-wide thread pool, while the entry
-stays locked exactly as it was during the download.
+A load through the cache (tee.py) gets each file's bytes into its entry (as they
+arrive, or, into host memory, in writer threads once the load is over), but
+making the entry complete (waiting for those writes, hashing, ``fsync``, the
+rename to ``data``, ``meta.json``, eviction under the cap) takes as long as the
+disk needs to take the file: seconds for a large model. That work is not what the
+caller waits for, so it runs here, in a small process-wide thread pool, while the
+entry stays locked exactly as it was during the download.
 
 What a crash does to an entry whose commit had not finished: its ``data.partial``
 and journal stay, ``meta.json`` still says incomplete, and its lock is dropped
-with the process. The next load or fetch of the file on the same boot finds every
-range journaled, reads the bytes from the partial file instead of the remote and
-commits the entry. After a reboot the partial file is not trusted (its bytes may
-never have reached the disk) and is downloaded again: the same rule as for any
-interrupted download (see partial.py).
+with the process. The next load or fetch of the file on the same boot finds the
+ranges that were written journaled, reads them from the partial file instead of
+the remote, downloads the others and commits the entry. After a reboot the
+partial file is not trusted (its bytes may never have reached the disk) and is
+downloaded again: the same rule as for any interrupted download (see partial.py).
 
 The pool's threads are not daemon threads: a process that exits normally waits
 for its pending commits (Python joins them before it shuts down).
