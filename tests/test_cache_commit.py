@@ -145,7 +145,7 @@ async def test_verify_right_after_a_load_waits_for_its_commit(
 
 
 def test_a_range_changed_before_its_write_is_caught_at_commit(tmp_path: Path) -> None:
-    """Write-behind: the digest is taken when the bytes arrive; a tensor changed in
+    """Writes after hand-out: the digest is taken when the bytes arrive; a tensor changed in
     place before its bytes were written makes ``complete`` refuse the entry, in this
     process or in the one that resumes the partial file."""
     size = 3 * 65536

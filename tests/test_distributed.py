@@ -128,6 +128,15 @@ def model(folder: Path, shards: int, seed: int = 0) -> list[Path]:
     return sorted(index.parent.glob("*.safetensors"))
 
 
+def http_job(server: FaultyHttpServer, files: list[Path]) -> dict[str, Any]:
+    """The ranks' job for ``model(server.root / "m", ...)`` served by ``server``."""
+    return {
+        "url": server.url_for("m/model.safetensors.index.json"),
+        "files": [str(p) for p in files],
+        "loader": {"chunk_size": "128KiB", "cache_dir": False},
+    }
+
+
 # -- the pure part -------------------------------------------------------------------------
 
 
@@ -164,11 +173,7 @@ def test_ranks_share_an_http_model_and_fetch_it_once(tmp_path: Path) -> None:
     world = 2
     with FaultyHttpServer(tmp_path / "www") as server:
         files = model(server.root / "m", shards=2)
-        job = {
-            "url": server.url_for("m/model.safetensors.index.json"),
-            "files": [str(p) for p in files],
-            "loader": {"chunk_size": "128KiB", "cache_dir": False},
-        }
+        job = http_job(server, files)
         results = run_ranks(world, job, tmp_path)
         sent = server.bytes_sent
     assert all(r.get("ok") for r in results), results
@@ -227,11 +232,7 @@ def test_a_rank_whose_read_fails_is_named_by_the_others(tmp_path: Path) -> None:
         # Both ranks probe both shards first; then only the second shard's owner (rank 1)
         # reads its data, and finds the object changed under it.
         server.change_after(f"m/{files[1].name}", requests=2)
-        job = {
-            "url": server.url_for("m/model.safetensors.index.json"),
-            "files": [str(p) for p in files],
-            "loader": {"chunk_size": "128KiB", "cache_dir": False},
-        }
+        job = http_job(server, files)
         results = run_ranks(2, job, tmp_path)
     assert "ObjectChangedError" in results[1]["error"], results[1]
     assert "DistributedError" in results[0]["error"], results[0]
@@ -275,12 +276,7 @@ def test_ranks_read_their_own_rows_and_share_the_rest(tmp_path: Path) -> None:
     world = 2
     with FaultyHttpServer(tmp_path / "www") as server:
         files = model(server.root / "m", shards=2)
-        job = {
-            "url": server.url_for("m/model.safetensors.index.json"),
-            "files": [str(p) for p in files],
-            "loader": {"chunk_size": "128KiB", "cache_dir": False},
-            "split_rows": "layer.",
-        }
+        job = {**http_job(server, files), "split_rows": "layer."}
         results = run_ranks(world, job, tmp_path)
         sent = server.bytes_sent
     assert all(r.get("ok") for r in results), results

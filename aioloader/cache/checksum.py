@@ -116,11 +116,18 @@ class PrefixHash:
     Args:
         published: also compute the digest the server published (MD5 and SHA are
             slow: see the module docstring).
+        observer: also given each block read, with its position in the file.
     """
 
-    def __init__(self, *, published: Published | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        published: Published | None = None,
+        observer: Callable[[int, memoryview], None] | None = None,
+    ) -> None:
         self._xxh = xxhash.xxh3_128()
         self._published = published.new() if published is not None else None
+        self._observer = observer
         self.position = 0
         self._lock = threading.Lock()
         self._buffer: memoryview | None = None  # used under _lock
@@ -157,6 +164,8 @@ class PrefixHash:
                 self._xxh.update(buffer[:n])
                 if self._published is not None:
                     self._published.update(buffer[:n])
+                if self._observer is not None:
+                    self._observer(self.position, buffer[:n])
                 self.position += n
         finally:
             self._lock.release()

@@ -13,13 +13,15 @@ load has returned (commit.py), instead of while the load waits.
 A load into host memory also hands its tensors out before their bytes reach the
 disk (tee.py): the caller may then change a tensor in place before it is written.
 So such a write carries a digest of the range taken when the bytes arrived, the
-journal keeps it beside the range, and ``complete`` reads every such range back
-and compares before the entry may become complete (``RangeMismatch`` otherwise).
+journal keeps it beside the range, and the pass that hashes the file compares
+every such range as it goes, before the entry may become complete
+(``RangeMismatch`` otherwise).
 A resumed partial file is checked the same way.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import errno
@@ -49,7 +51,6 @@ from .ranges import RangeSet
 
 __all__ = ["PartialFile", "RangeMismatch", "clip", "range_digest"]
 
-_CHECK_PIECE = 4 << 20  # bytes read at once when checking ranges at ``complete``
 _ALIGNMENT = 4096  # what O_DIRECT asks of offsets, lengths and addresses on every disk we know
 _DIRECT_IO = sys.platform == "linux" and hasattr(os, "O_DIRECT")
 
@@ -79,6 +80,53 @@ def range_digest(views: Sequence[memoryview]) -> str:
     for view in views:
         digest.update(view)
     return digest.hexdigest()
+
+
+class _RangeChecks:
+    """The ranges written with a digest of their bytes on arrival (see ``write``),
+    checked against the file block by block as the pass that hashes it reads it
+    (``PrefixHash``'s observer), so the file is read back once.
+
+    A range is always added before that pass reaches it: the pass stops at the
+    written prefix, and a new write starts beyond it.
+    """
+
+    def __init__(self, checks: Sequence[Check]) -> None:
+        self._pending = sorted(checks)  # not yet hashed to their end, in file order
+        self._running = xxhash.xxh3_64()  # of the first pending range, so far
+        self._bad: Check | None = None
+        self._lock = threading.Lock()  # writers add while a hashing thread feeds
+
+    def add(self, check: Check) -> None:
+        with self._lock:
+            bisect.insort(self._pending, check)
+
+    def feed(self, position: int, data: memoryview) -> None:
+        end = position + data.nbytes
+        with self._lock:
+            while self._pending:
+                start, stop, expected = self._pending[0]
+                if start >= end:
+                    return
+                low, high = max(start, position), min(stop, end)
+                if low < high:
+                    self._running.update(data[low - position : high - position])
+                if stop > end:
+                    return
+                if self._running.hexdigest() != expected and self._bad is None:
+                    self._bad = self._pending[0]
+                del self._pending[0]
+                self._running = xxhash.xxh3_64()
+
+    def verify(self, path: Path) -> None:
+        """Raise ``RangeMismatch`` naming the first range whose bytes changed."""
+        with self._lock:
+            bad = self._bad
+        if bad is not None:
+            raise RangeMismatch(
+                f"bytes [{bad[0]}, {bad[1]}) of {path} are not the bytes that arrived: "
+                "a tensor was changed in place before its bytes were written to the cache"
+            )
 
 
 def _read_journal(path: Path, size: int) -> tuple[RangeSet, list[Check]]:
@@ -127,12 +175,13 @@ class PartialFile:
         self.files = files
         self.meta = meta
         self.done = done
-        self._checks = list(checks)
+        self._checks = _RangeChecks(checks)
         self._fd: int | None = fd
         self._journal = journal
         self._direct = direct
         self._published = published
-        self._digest = PrefixHash(published=published)
+        # The pass that hashes the file also checks the ranges written with a digest.
+        self._digest = PrefixHash(published=published, observer=self._checks.feed)
         # Threads write different ranges at once; the range set is shared.
         self._lock = threading.Lock()
 
@@ -224,7 +273,7 @@ class PartialFile:
                 os.write(self._journal, f"{line}\n".encode())
                 self.done.add(offset, position)
                 if digest is not None:
-                    self._checks.append((offset, position, digest))
+                    self._checks.add((offset, position, digest))
             if self._direct is None:
                 # The bytes just written are in the page cache: hash them now, not at the end.
                 self._digest.advance(fd, self._present)
@@ -266,8 +315,8 @@ class PartialFile:
         fd = self._require()
         if not self.finished:
             raise ValueError(f"{self.files.partial} is not complete yet")
-        self._check_ranges(fd)
         self._digest.advance(fd, lambda: self.size, wait=True)
+        self._checks.verify(self.files.partial)
         actual = self._digest.published_form()
         if self._published is not None and actual != self._published.value:
             raise DigestMismatch(self._published, actual or "")
@@ -286,32 +335,6 @@ class PartialFile:
             os.unlink(self.files.journal)
         self.close()
         return self.meta
-
-    def _check_ranges(self, fd: int) -> None:
-        """Compare every range written with a digest against the file (see ``write``).
-
-        Raises:
-            RangeMismatch: naming the first range whose bytes changed.
-        """
-        with self._lock:
-            checks = sorted(self._checks)
-        buffer = bytearray(_CHECK_PIECE)
-        for start, end, expected in checks:
-            digest = xxhash.xxh3_64()
-            position = start
-            while position < end:
-                view = memoryview(buffer)[: min(_CHECK_PIECE, end - position)]
-                got = os.preadv(fd, [view], position)
-                if got == 0:
-                    raise EOFError(position)
-                digest.update(view[:got])
-                position += got
-            if digest.hexdigest() != expected:
-                raise RangeMismatch(
-                    f"bytes [{start}, {end}) of {self.files.partial} are not the bytes that "
-                    "arrived: a tensor was changed in place before its bytes were written "
-                    "to the cache"
-                )
 
     def close(self) -> None:
         """Close the files; the partial download stays resumable. Idempotent."""

@@ -208,12 +208,7 @@ class _TeeBlob(Blob):
                 # completing the entry if every byte is there) need not hold the load
                 # up, and runs after it (commit.py).
                 queued, self._queued = self._queued, []
-                pool = _writer_pool() if queued else None
-                writes = (
-                    [pool.submit(self._write_queued, partial, *job) for job in queued]
-                    if pool
-                    else []
-                )
+                writes = [_writer_pool().submit(self._write_queued, partial, *j) for j in queued]
                 finished = partial.covered_with(self._submitted)
                 if finished or writes:
                     root = self._source.cache.root
