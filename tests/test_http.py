@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -213,6 +215,27 @@ async def test_headers_not_sent_to_another_host(
 
 
 # -- faults -----------------------------------------------------------------------------
+
+
+async def test_proxy_settings_are_read_once_per_host(
+    http_server: FaultyHttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading them walks the whole environment (milliseconds in a pod with thousands
+    of variables): once per host, not once for each of a load's range GETs."""
+    path = write_big(http_server.root)
+    calls: list[str] = []
+    real = urllib.request.getproxies
+
+    def counted() -> dict[str, str]:
+        calls.append(traceback.extract_stack(limit=2)[0].filename)
+        return real()
+
+    monkeypatch.setattr(urllib.request, "getproxies", counted)
+    got = await load_model(http_server.url_for(NAME), chunk_size="64KiB", concurrency=2)
+    assert_matches_files(got, path)
+    assert len(http_server.gets(NAME)) > 30
+    ours = [c for c in calls if "aioloader" in Path(c).parts]
+    assert len(ours) == 1, calls
 
 
 def _inject(server: FaultyHttpServer, fault: str) -> int:

@@ -88,6 +88,7 @@ class HttpTransport:
         self.signer = signer
         self._session: Any = None
         self._wire: RangeClient | None = None
+        self._direct: dict[tuple[str, str], bool] = {}  # (scheme, host): no proxy between
         self._closed = False
 
     async def _client(self) -> Any:
@@ -246,10 +247,16 @@ class HttpTransport:
         target = URL(url, encoded=self.signer.encoded_urls)
         if target.scheme not in ("http", "https") or target.host is None:
             return None
-        proxies = urllib.request.getproxies()
-        if target.scheme in proxies and not urllib.request.proxy_bypass(target.host):
-            return None
-        return str(target)
+        key = (target.scheme, target.host)
+        direct = self._direct.get(key)
+        if direct is None:
+            # Once per host: reading the proxy settings walks the whole environment,
+            # milliseconds in a pod with thousands of variables, and a load makes
+            # hundreds of range GETs.
+            proxies = urllib.request.getproxies()
+            proxied = target.scheme in proxies and not urllib.request.proxy_bypass(target.host)
+            direct = self._direct[key] = not proxied
+        return str(target) if direct else None
 
     async def aclose(self) -> None:
         """Close every connection; idempotent. Later requests raise ClosedError."""
