@@ -22,6 +22,7 @@ from .machine import (
     machine_info,
     print_machine,
     program_version,
+    reuse_memory_env,
     worker_env,
 )
 from .nginx import nginx_binary, nginx_server, remote_env, s3_env, scenario_url
@@ -79,6 +80,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), metavar="NAME")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results here")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 GiB model, 1 repetition")
+    parser.add_argument(
+        "--reuse-memory",
+        action="store_true",
+        help="every load fills memory its process has already touched (jemalloc keeping what "
+        "is freed): leaves out the host's supply of fresh memory (see the docstring)",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("TOOL", "PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)  # the worker's PATH as nginx serves it
     parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)  # model-cache's
@@ -170,6 +177,8 @@ def bench(args: argparse.Namespace) -> int:
         f"model {args.size_gib:g} GiB, {args.repeat} run(s) per tool, tools: {' '.join(args.tools)}"
     )
     env = worker_env()
+    if args.reuse_memory:
+        env = reuse_memory_env(env)
     datasets = prepare_data(args.out, args.size_gib, {dataset_of(s) for s in args.scenarios})
     summaries = run_all(args, datasets, env)
 

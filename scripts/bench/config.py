@@ -13,6 +13,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # What the workers run: the entry point, which imports this package.
 ENTRY = REPO_ROOT / "scripts" / "bench.py"
 
+# Set in the workers' environment by --reuse-memory (with a retaining jemalloc).
+REUSE_MEMORY = "BENCH_REUSE_MEMORY"
+
 SHARDS = 4
 ONE_TENSOR_SHAPE = (32768, 32768)  # BF16: 2 GiB
 SMALL_BYTES = 87 * 1000**2  # all-MiniLM-L6-v2's size: a load's fixed cost shows

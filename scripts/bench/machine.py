@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .config import RUNAI_DEFAULT_LIMIT, GiB, KiB
+from .config import REUSE_MEMORY, RUNAI_DEFAULT_LIMIT, GiB, KiB
 
 
 def read_text(path: str) -> str | None:
@@ -139,6 +139,32 @@ def worker_env() -> dict[str, str]:
         f"RUNAI_STREAMER_CONCURRENCY={env.get('RUNAI_STREAMER_CONCURRENCY', 'unset (default)')}"
     )
     return env
+
+
+# jemalloc set to keep what is freed backed and mapped: memory a process frees
+# is given to its next allocations as it is, never back to the system.
+RETAINING_MALLOC = "retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"
+
+
+def jemalloc_library() -> str | None:
+    """The path of libjemalloc's shared library (Debian's libjemalloc2), if installed."""
+    done = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        name, _, path = line.strip().partition(" => ")
+        if name.startswith("libjemalloc.so.2"):
+            return path.strip()
+    return None
+
+
+def reuse_memory_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with every worker's allocations made by a retaining jemalloc (see
+    ``--reuse-memory``); installs it with apt-get when missing."""
+    if not apt_install("libjemalloc2", jemalloc_library):
+        raise SystemExit("--reuse-memory needs libjemalloc2, which apt-get could not install")
+    library = jemalloc_library()
+    assert library is not None
+    print(f"reuse memory: workers run with LD_PRELOAD={library} MALLOC_CONF={RETAINING_MALLOC}")
+    return dict(env, LD_PRELOAD=library, MALLOC_CONF=RETAINING_MALLOC, **{REUSE_MEMORY: "1"})
 
 
 def ensure_fio() -> bool:

@@ -18,6 +18,7 @@ from .data import Dataset
 from .pagecache import evict, total_size, warm
 from .scenarios import CACHE_FILL, WHOLE_FILE_TOOLS, kind_of, scenario_tools
 from .stats import ToolResult, cpu_per_gb
+from .tools.cache import warm_up_folder
 
 
 def run_worker(
@@ -115,6 +116,7 @@ class CacheFolders:
                 yield fresh
             finally:
                 shutil.rmtree(fresh, ignore_errors=True)
+                shutil.rmtree(warm_up_folder(fresh), ignore_errors=True)  # --reuse-memory's
                 # On a file system mounted with ``discard`` the 3 GiB just freed are
                 # trimmed at the journal's next commit: now, not inside the next run.
                 os.sync()
@@ -145,6 +147,8 @@ def describe(run: dict[str, Any]) -> str:
     fresh = run.get("fresh_memory_rate")
     if fresh:  # the prefault's fill rate: see worker.prefault
         rss += f"  fresh memory {fresh / GB:5.2f} GB/s"
+    if run.get("reused_memory"):  # see worker.warm_up
+        rss += f"  reused memory ({run['minor_faults']} page faults)"
     return f"{speed:6.2f} GB/s  {run['seconds']:6.2f} s  CPU {cpu_per_gb(run):5.2f} s/GB{rss}"
 
 

@@ -44,6 +44,18 @@ def _cache_fill(job: RemoteJob, cache_dir: Path | None) -> Prepared:
     return load
 
 
+def warm_up_folder(cache_dir: Path) -> Path:
+    """The cache folder of populate's warm-up load (``--reuse-memory``), beside its own."""
+    return cache_dir.with_name(cache_dir.name + "-warm-up")
+
+
+def wait_committed(folder: Path) -> None:
+    """Wait until the entries that loads wrote into ``folder`` are committed."""
+    import aioloader
+
+    event_loop_runner()(aioloader.ModelCache(folder).wait_committed())
+
+
 def cache_counters(cache: Any) -> dict[str, int] | None:
     """What a ModelCache counted: hits and misses (files), bytes downloaded."""
     if cache is None:
