@@ -91,6 +91,16 @@ Why it is built this way
   of a second: refilled at once 3 GiB filled at 6.9-7.9 GB/s, after 0.5 s at
   3.7, after 2 s at 1.4. How fast the buffer filled is printed with every run
   ("fresh memory"): runs that differ there are not comparable.
+* ``--reuse-memory`` takes the host's supply out of the comparison instead:
+  every worker runs under jemalloc set to keep what is freed backed and mapped
+  (``LD_PRELOAD``, Debian's libjemalloc2, installed with apt-get when missing)
+  and does one untimed load by the same tool before the timed one, which then
+  fills memory its process has already touched, as a server that loads a
+  second model does. Each run prints its page faults: a few hundred, against
+  one per huge page filled otherwise. populate's warm-up writes a cache folder
+  of its own, committed before the clock starts and deleted after the timed
+  run. Tools that load in a child process (curl, s5cmd, fio) gain nothing from
+  it; the rows to read in this mode are those of in-process loaders.
 * Tools are interleaved (for each repetition, every tool once, starting one
   tool later each time) so that drift over the session and the aftermath of
   the previous run hit them all alike; the median and the best are reported.
@@ -109,6 +119,7 @@ Usage::
     python scripts/bench.py --scenarios model-s3 one-tensor-s3   # remote scenarios only
     python scripts/bench.py --skip-remote      # local scenarios only: no nginx
     python scripts/bench.py --scenarios model-cache   # only cold remote vs the local cache
+    python scripts/bench.py --scenarios model-cache --reuse-memory --repeat 6   # no fresh memory
 
 Test data is generated once into ``--out`` (default ``bench-data/``, ignored by
 git) and reused while its files have the expected sizes.
