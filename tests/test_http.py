@@ -214,9 +214,6 @@ async def test_headers_not_sent_to_another_host(
     assert all(h.get("X-Api-Key") == "key" for h in http_server.request_headers)
 
 
-# -- faults -----------------------------------------------------------------------------
-
-
 async def test_proxy_settings_are_read_once_per_host(
     http_server: FaultyHttpServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -236,6 +233,9 @@ async def test_proxy_settings_are_read_once_per_host(
     assert len(http_server.gets(NAME)) > 30
     ours = [c for c in calls if "aioloader" in Path(c).parts]
     assert len(ours) == 1, calls
+
+
+# -- faults -----------------------------------------------------------------------------
 
 
 def _inject(server: FaultyHttpServer, fault: str) -> int:

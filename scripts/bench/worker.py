@@ -92,13 +92,12 @@ def warm_up(
     run's must start empty), committed before the clock starts. It is deleted
     after the timed run (runner.CacheFolders): deleting 3 GiB just before it would
     put the file system's trim of them inside it."""
-    folder = cache_dir
     if tool == "populate" and cache_dir is not None:
         folder = warm_up_folder(cache_dir)
-    kept = prepare(tool, target, files, url, folder)()
-    del kept
-    if folder is not None and folder != cache_dir:
+        prepare(tool, target, files, url, folder)()
         wait_committed(folder)
+    else:  # prepared anew all the same: the timed load's cache counters count it alone
+        prepare(tool, target, files, url, cache_dir)()
 
 
 def worker(
