@@ -3,11 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+class SharedPool:
+    """A thread pool shared by the whole process, started on first use.
+
+    Its threads are not daemon threads: a process that exits normally finishes
+    what was submitted (Python joins them before it shuts down).
+    """
+
+    def __init__(self, threads: int, name: str) -> None:
+        self.threads = threads
+        self._name = name
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+
+    def get(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
+            return self._executor
 
 
 async def run_blocking(

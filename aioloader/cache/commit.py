@@ -25,25 +25,23 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
+
+from .._threads import SharedPool
 
 __all__ = ["pending", "submit", "wait"]
 
-_THREADS = 2
+_pool = SharedPool(2, "aioloader-commit")
 _lock = threading.Lock()
-_executor: ThreadPoolExecutor | None = None
 _pending: dict[str, set[Future[None]]] = {}
 
 
 def submit(root: Path, job: Callable[[], None]) -> None:
     """Run ``job`` (which must handle its own errors) in a commit thread."""
-    global _executor
     key = str(root)
     with _lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(_THREADS, thread_name_prefix="aioloader-commit")
-        future = _executor.submit(job)
+        future = _pool.get().submit(job)
         _pending.setdefault(key, set()).add(future)
 
     def done(f: Future[None]) -> None:

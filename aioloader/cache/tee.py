@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from typing import Any
 
-from .._threads import run_blocking
+from .._threads import SharedPool, run_blocking
 from ..errors import CacheError, ClosedError
 from ..sources.base import Blob, Source, aclose_all
 from ..sources.file import FileSource
@@ -59,19 +58,9 @@ __all__ = ["CachingSource"]
 logger = logging.getLogger("aioloader")
 
 # Writer threads for the writes after a load, shared by the process: O_DIRECT writes
-# of whole reads, so a handful keeps the disk's queue full. Not daemon threads: a
-# process that exits normally finishes the writes (and the commits waiting for them).
-_WRITERS = 8
-_writers_lock = threading.Lock()
-_writers: ThreadPoolExecutor | None = None
-
-
-def _writer_pool() -> ThreadPoolExecutor:
-    global _writers
-    with _writers_lock:
-        if _writers is None:
-            _writers = ThreadPoolExecutor(_WRITERS, thread_name_prefix="aioloader-cache-write")
-        return _writers
+# of whole reads, so a handful keeps the disk's queue full. A process that exits
+# normally finishes the writes (and the commits waiting for them).
+_writers = SharedPool(8, "aioloader-cache-write")
 
 
 class _LocalBlob(Blob):
@@ -134,7 +123,6 @@ class _TeeBlob(Blob):
         self._after = source.write_after
         # Ranges received and not written yet, with their digests on arrival.
         self._queued: list[tuple[int, list[memoryview], str]] = []
-        self._submitted = RangeSet()  # the ranges in _queued
         self._write_error: OSError | None = None  # the first a writer thread met
         source._open_blobs.add(self)
 
@@ -171,7 +159,6 @@ class _TeeBlob(Blob):
             if end > offset:
                 views = clip(buffers, self.size - offset)
                 digest = await self._blocking(lambda: range_digest(views))
-                self._submitted.add(offset, end)
                 self._queued.append((offset, views, digest))
             return
         try:
@@ -208,8 +195,11 @@ class _TeeBlob(Blob):
                 # completing the entry if every byte is there) need not hold the load
                 # up, and runs after it (commit.py).
                 queued, self._queued = self._queued, []
-                writes = [_writer_pool().submit(self._write_queued, partial, *j) for j in queued]
-                finished = partial.covered_with(self._submitted)
+                writes = [_writers.get().submit(self._write_queued, partial, *j) for j in queued]
+                submitted = RangeSet(
+                    (offset, offset + sum(v.nbytes for v in views)) for offset, views, _ in queued
+                )
+                finished = partial.covered_with(submitted)
                 if finished or writes:
                     root = self._source.cache.root
                     commit.submit(root, lambda: self._settle(partial, writes, finished))
