@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from .errors import ConfigError
 from .memory import MemoryLimit, detect_memory_limit
 
-__all__ = ["HttpOptions", "Limits", "S3Options", "parse_size"]
+__all__ = ["HttpOptions", "Limits", "S3Options", "check_number", "parse_size"]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -22,6 +23,9 @@ DEFAULT_CHUNK_SIZE = 16 * MiB
 DEFAULT_MEMORY_SHARE = 8
 DEFAULT_MEMORY_CAP = 2 * GiB
 MIN_MEMORY_LIMIT = 64 * KiB
+# The longest time any setting may name: a timeout beyond it is a typo (or an attempt
+# at "never"), and would overflow the clocks and waits that take it later.
+MAX_SECONDS = 10_000_000.0  # about 115 days
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -33,23 +37,71 @@ _UNITS = {
 }  # fmt: skip
 
 
-def parse_size(value: int | str, *, what: str = "size") -> int:
+def _shown(value: object, limit: int = 40) -> str:
+    """``repr(value)``, cut short: an error message need not repeat a megabyte of input."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def check_number(
+    what: str,
+    value: object,
+    *,
+    integer: bool = False,
+    positive: bool = False,
+    maximum: float | None = None,
+) -> None:
+    """Refuse anything but a finite, non-negative number (``positive``: above zero).
+
+    ``bool`` is refused even where an ``int`` is wanted (``True`` is not a count), and
+    so are NaN, infinities and, with ``integer``, floats.
+
+    Raises:
+        ConfigError: naming ``what`` and the value.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (integer and not isinstance(value, int))
+    ):
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"{what} must be {kind}, got {_shown(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{what} must be a finite number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        bound = "positive" if positive else "zero or more"
+        raise ConfigError(f"{what} must be {bound}, got {_shown(value)}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{what} must be at most {maximum:g}, got {_shown(value)}")
+
+
+def parse_size(value: object, *, what: str = "size") -> int:
     """Parse ``16MiB``, ``2G``, ``4096`` or an int into a byte count.
 
     Raises:
-        ConfigError: the text is not a size.
+        ConfigError: the value is not a size (a bool, a float, a negative or endless
+            number, text that does not read as one).
     """
-    if isinstance(value, bool):
-        raise ConfigError(f"{what} must be a byte count, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(
+            f"{what} must be a byte count (an integer, or text such as '16MiB'), "
+            f"got {_shown(value)}"
+        )
     if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{what} must not be negative, got {_shown(value)}")
         return value
     match = _SIZE.match(value)
     if not match:
         raise ConfigError(
-            f"{what}: cannot read {value!r} as a size; write bytes or use a unit, e.g. 16MiB, 2GiB"
+            f"{what}: cannot read {_shown(value)} as a size; write bytes or use a unit, "
+            "e.g. 16MiB, 2GiB"
         )
     number, unit = match.groups()
-    return int(float(number) * _UNITS[(unit or "").lower()])
+    scaled = float(number) * _UNITS[(unit or "").lower()]
+    if not math.isfinite(scaled):
+        raise ConfigError(f"{what}: {_shown(value)} is too large to be a size")
+    return int(scaled)
 
 
 def format_size(n: float) -> str:
@@ -79,8 +131,7 @@ class Limits:
     _container: MemoryLimit = field(default_factory=detect_memory_limit, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.concurrency, int) or self.concurrency < 1:
-            raise ConfigError(f"concurrency must be a positive integer, got {self.concurrency!r}")
+        check_number("concurrency", self.concurrency, integer=True, positive=True)
         if self.concurrency > 1024:
             raise ConfigError(f"concurrency {self.concurrency} is too high; use 1024 or fewer")
         chunk = parse_size(self.chunk_size, what="chunk_size")
@@ -176,15 +227,13 @@ class HttpOptions:
     def __post_init__(self) -> None:
         if isinstance(self.headers, dict):
             object.__setattr__(self, "headers", tuple(self.headers.items()))
-        if self.max_attempts < 1:
-            raise ConfigError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        for name in ("backoff", "backoff_max", "stall_timeout", "connect_timeout", "min_speed"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must not be negative")
-        if self.speed_window <= 0:
-            raise ConfigError(f"speed_window must be positive, got {self.speed_window}")
-        if self.deadline is not None and self.deadline <= 0:
-            raise ConfigError(f"deadline must be positive (or None), got {self.deadline}")
+        check_number("max_attempts", self.max_attempts, integer=True, positive=True)
+        for name in ("backoff", "backoff_max", "stall_timeout", "connect_timeout"):
+            check_number(name, getattr(self, name), maximum=MAX_SECONDS)
+        check_number("min_speed", self.min_speed)
+        check_number("speed_window", self.speed_window, positive=True, maximum=MAX_SECONDS)
+        if self.deadline is not None:
+            check_number("deadline", self.deadline, positive=True, maximum=MAX_SECONDS)
 
 
 @dataclass(frozen=True)

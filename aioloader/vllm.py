@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import HttpOptions, S3Options
+from .config import MAX_SECONDS, HttpOptions, S3Options, check_number, parse_size
 from .errors import ConfigError
 
 __all__ = ["KEYS", "WINDOW", "VllmOptions", "register", "stream_weights"]
@@ -62,6 +62,14 @@ KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "s3_profile": ((str,), "a profile of the shared AWS config files"),
     "distributed": ((bool,), "each of vLLM's ranks reads 1/N, the ranks exchange the rest"),
 }
+# The numeric keys: check_number's conditions for each (sizes go through parse_size).
+_NUMBERS: dict[str, dict[str, Any]] = {
+    "concurrency": {"integer": True, "positive": True, "maximum": 1024},
+    "max_attempts": {"integer": True, "positive": True},
+    "stall_timeout": {"maximum": MAX_SECONDS},
+    "connect_timeout": {"maximum": MAX_SECONDS},
+}
+_SIZES = ("chunk_size", "memory_limit")
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,11 @@ class VllmOptions:
                 raise ConfigError(
                     f"--model-loader-extra-config: {key!r} must be {names} ({what}), not {value!r}"
                 )
+            # JSON lets NaN and Infinity through, and a negative count means nothing.
+            if key in _NUMBERS:
+                check_number(f"--model-loader-extra-config: {key!r}", value, **_NUMBERS[key])
+            elif key in _SIZES:
+                parse_size(value, what=f"--model-loader-extra-config: {key!r}")
         loader: dict[str, Any] = {
             k: extra[k] for k in ("concurrency", "chunk_size", "memory_limit") if k in extra
         }
