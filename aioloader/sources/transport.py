@@ -62,10 +62,19 @@ class WireResponse:
 
 
 def transport_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions of a request that failed in transit (worth another attempt)."""
+    """The exceptions of a request that failed in transit (worth another attempt).
+
+    aiohttp raises a ClientResponseError (status 400, no response) when its parser
+    refuses an answer: both Transfer-Encoding and Content-Length, a list of lengths.
+    """
     import aiohttp
 
-    return (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError)
+    return (
+        aiohttp.ClientPayloadError,
+        aiohttp.ClientConnectionError,
+        aiohttp.ClientResponseError,
+        TimeoutError,
+    )
 
 
 def retryable(exc: BaseException) -> RetryableError:

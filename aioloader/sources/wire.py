@@ -8,11 +8,19 @@ the only one. It does only that: keep-alive connections, a request with the
 caller's (signed) headers, a ``206`` with ``Content-Length``. Any other answer
 is handed back to the caller, who repeats the request through aiohttp, which
 knows the rest of HTTP (errors, redirects, chunked bodies, proxies).
+
+The framing it does read follows RFC 9112: interim ``1xx`` answers (``103 Early
+Hints``) are skipped; a ``Content-Length`` given as a list, or on several lines,
+counts only when every value is the same (RFC 9110 8.6); and an answer with both
+``Transfer-Encoding`` and ``Content-Length`` is refused as a protocol error rather
+than read either way (RFC 9112 6.3 calls it a sign of response splitting, and
+aiohttp, which reads every other answer, refuses it too).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 from collections.abc import Callable
@@ -20,9 +28,11 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-__all__ = ["Answer", "Pace", "RangeClient", "WireError"]
+__all__ = ["Answer", "Pace", "RangeClient", "WireError", "content_length"]
 
 _HEAD_LIMIT = 64 * 1024
+# 19 digits hold every length below 2**63; a longer one is no length anyone can send.
+_LENGTH = re.compile(r"[0-9]{1,19}")
 T = TypeVar("T")
 
 
@@ -33,6 +43,27 @@ class WireError(Exception):
         super().__init__(reason)
         self.timeout = timeout
         self.slow = slow
+
+
+def content_length(value: str | None) -> int | None:
+    """The body length a ``Content-Length`` value gives; None when there is none.
+
+    A list of identical values (``65536, 65536``, or the same line sent twice) is
+    taken as one, as RFC 9110 8.6 allows.
+
+    Raises:
+        WireError: the value is not a length, or the values differ.
+    """
+    if value is None:
+        return None
+    values = {v.strip() for v in value.split(",")}
+    if not all(_LENGTH.fullmatch(v) for v in values):
+        raise WireError(f"malformed Content-Length {value[:100]!r}")
+    if len(values) > 1:
+        raise WireError(
+            f"conflicting Content-Length values {value[:100]!r}: the body's end is unknown"
+        )
+    return int(values.pop())
 
 
 class Pace:
@@ -120,12 +151,7 @@ class _Connection(asyncio.BufferedProtocol):
             if self._head_filled == len(self._head) and self.transport is not None:
                 self.transport.pause_reading()
             return
-        end = self._head.find(b"\r\n\r\n", 0, self._head_filled)
-        if end < 0:
-            if self._head_filled == len(self._head):
-                self._fail(WireError("response headers exceed 64 KiB"))
-            return
-        self._parse_head(end)
+        self._scan_head()
 
     def eof_received(self) -> bool:
         self._fail(WireError("server closed the connection"))
@@ -154,27 +180,47 @@ class _Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def _parse_head(self, end: int) -> None:
+    def _scan_head(self) -> None:
+        """Parse the heads in the buffer: interim (1xx) ones are dropped, the final one
+        is handed to the caller."""
+        while not self._holding:
+            end = self._head.find(b"\r\n\r\n", 0, self._head_filled)
+            if end < 0:
+                if self._head_filled == len(self._head):
+                    self._fail(WireError("response headers exceed 64 KiB"))
+                return
+            answer = self._parse_head(end)
+            extra = bytes(self._head[end + 4 : self._head_filled])
+            self._head[: len(extra)] = extra
+            self._head_filled = len(extra)
+            if answer is None:
+                return
+            if 100 <= answer.status < 200 and answer.status != 101:
+                continue  # 100 Continue, 103 Early Hints: the real answer follows
+            if answer.status == 101:
+                self._fail(WireError("the server switched protocols (101) on a plain GET"))
+                return
+            self._holding = True
+            assert self._answer is not None
+            self._answer.set_result(answer)
+
+    def _parse_head(self, end: int) -> Answer | None:
         lines = bytes(self._head[:end]).decode("latin-1").split("\r\n")
         version, _, rest = lines[0].partition(" ")
         code, _, reason = rest.partition(" ")
-        headers = {}
+        headers: dict[str, str] = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        try:
-            answer = Answer(int(code), reason, headers)
-        except ValueError:
-            self._fail(WireError(f"malformed status line {lines[0]!r}"))
-            return
+            name, value = name.strip().lower(), value.strip()
+            # Lines of one name are one list (RFC 9110 5.3): a second Content-Length
+            # must not silently replace the first.
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        if not version.startswith("HTTP/1.") or not (code.isascii() and code.isdigit()):
+            self._fail(WireError(f"malformed status line {lines[0][:100]!r}"))
+            return None
         if version != "HTTP/1.1" or headers.get("connection", "").lower() == "close":
             self.reusable = False
-        extra = bytes(self._head[end + 4 : self._head_filled])
-        self._head[: len(extra)] = extra
-        self._head_filled = len(extra)
-        self._holding = True
-        assert self._answer is not None
-        self._answer.set_result(answer)
+        return Answer(int(code), reason, headers)
 
     def _take_body(self, nbytes: int) -> None:
         assert self._advance is not None
@@ -309,8 +355,20 @@ class RangeClient:
         ok = False
         try:
             answer = await self._stalling(connection, connection.send(request))
-            if not accept(answer) or int(answer.headers.get("content-length", -1)) != length:
-                await self._read_short_body(connection, answer)
+            framed = "transfer-encoding" in answer.headers
+            if not accept(answer):
+                if not framed:
+                    await self._read_short_body(connection, answer)
+                return answer
+            size = content_length(answer.headers.get("content-length"))
+            if framed and size is not None:
+                raise WireError(
+                    "the 206 answer carries both Transfer-Encoding and Content-Length, which "
+                    "RFC 9112 (6.3) treats as an error (the body's framing is ambiguous); it "
+                    "was refused and nothing of it was kept: fix the server or the proxy"
+                )
+            if size != length:
+                # Chunked, or another length: aiohttp reads it and the caller checks it.
                 return answer
             pace = Pace(self._min_speed, self._speed_window, connection.progress)
             await self._stalling(connection, connection.receive_body(length, sink, advance), pace)
@@ -324,8 +382,11 @@ class RangeClient:
 
     async def _read_short_body(self, connection: _Connection, answer: Answer) -> None:
         """Keep a short body of a refused answer (an error document) for the caller."""
-        size = int(answer.headers.get("content-length", -1) or -1)
-        if not 0 < size <= _HEAD_LIMIT:
+        try:
+            size = content_length(answer.headers.get("content-length"))
+        except WireError:
+            return  # the connection is dropped after a refusal anyway
+        if size is None or not 0 < size <= _HEAD_LIMIT:
             return
         body = bytearray(size)
         filled = 0
