@@ -17,7 +17,7 @@ from typing import Self
 
 import pytest
 
-from aioloader import HttpOptions, ReadError, load_model
+from aioloader import HttpOptions, ReadError, SourceError, load_model
 from aioloader.sources.rules import PROBE_SIZE
 from aioloader.sources.wire import WireError, content_length
 
@@ -213,3 +213,16 @@ def test_content_length_values() -> None:
     for bad in ("", "-1", "+5", "1e3", "0x10", "٣", "9" * 20, "5,", "5, 6", "5 5"):
         with pytest.raises(WireError):
             content_length(bad)
+
+
+async def test_a_size_of_a_tebibyte_is_refused_before_anything_is_allocated(
+    tmp_path: Path,
+) -> None:
+    """An index file the server says is 1 TiB: its whole body would be read into memory."""
+    index = b'{"weight_map": {}}'.ljust(PROBE_SIZE + 10, b" ")
+    async with RawServer(index, claimed_size=1 << 40) as server:
+        url = server.url.replace("model.safetensors", "model.safetensors.index.json")
+        with pytest.raises(SourceError, match="1099511627776 bytes") as info:
+            await load_model(url, http=FAST)
+    assert not isinstance(info.value, MemoryError)
+    assert url in str(info.value)

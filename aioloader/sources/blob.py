@@ -17,7 +17,13 @@ from ..prefault import populate
 from .base import Blob
 from .filler import Filler, clip
 from .retry import Retrier, RetryableError, keep_pace
-from .rules import check_encoding, check_same_etag, check_same_range, pin_headers
+from .rules import (
+    check_encoding,
+    check_same_etag,
+    check_same_range,
+    check_small_read,
+    pin_headers,
+)
 from .transport import HttpTransport, retryable, transport_errors
 
 __all__ = ["HttpBlob"]
@@ -75,6 +81,7 @@ class HttpBlob(Blob):
     async def read_bytes(self, offset: int, length: int) -> bytes:
         if offset + length <= len(self._head):
             return self._head[offset : offset + length]
+        check_small_read(self.url, self.size, offset, length)
         buffer = bytearray(length)
         await self.read_into(offset, [memoryview(buffer)])
         return bytes(buffer)

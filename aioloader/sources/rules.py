@@ -22,6 +22,7 @@ from .retry import RetryableError
 
 __all__ = [
     "MAX_REDIRECTS",
+    "MAX_SMALL_READ",
     "PROBE_SIZE",
     "REDIRECT_STATUSES",
     "ContentRange",
@@ -29,6 +30,7 @@ __all__ = [
     "check_encoding",
     "check_same_range",
     "check_same_etag",
+    "check_small_read",
     "classify_status",
     "parse_content_range",
     "parse_retry_after",
@@ -45,6 +47,9 @@ __all__ = [
 # (nearly always) the whole safetensors header arrive in one round trip.
 PROBE_SIZE = 256 * 1024
 MAX_REDIRECTS = 10
+# The most bytes read into a new ``bytes`` at once: headers (at most 100 MB) and index
+# files are far smaller; only a server lying about a size asks for more.
+MAX_SMALL_READ = 256 * 1024 * 1024
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _RETRY_STATUSES = frozenset({408, 425, 500, 502, 504})
 _THROTTLE_STATUSES = frozenset({429, 503})
@@ -216,6 +221,21 @@ def size_of(url: str, status: int, headers: Mapping[str, str]) -> tuple[int, boo
         )
     size = int(length)
     return size, size <= PROBE_SIZE
+
+
+def check_small_read(url: str, size: int, offset: int, length: int) -> None:
+    """Refuse, before allocating, a read into new memory larger than any header or index.
+
+    Raises:
+        SourceError: ``length`` is above ``MAX_SMALL_READ``.
+    """
+    if length > MAX_SMALL_READ:
+        raise SourceError(
+            f"{url}: reading bytes [{offset}, {offset + length}) would need {length} bytes "
+            f"of memory at once, more than any safetensors header or index file "
+            f"({MAX_SMALL_READ} bytes); the server says the file is {size} bytes: check "
+            "that the URL names the right file and that the server reports its size right"
+        )
 
 
 def check_same_range(
