@@ -18,12 +18,14 @@ cancelled) tells the others at that point, and every rank stops with an error th
 names it. A rank that dies outright is noticed when the process group's timeout
 (``init_process_group(timeout=...)``) expires in the broadcast that waits for it.
 
-Before anything is read, the ranks compare what they planned (an all-gather of a
-fingerprint of the files and reads, or of the error that stopped them): different
-models, settings or selections on different ranks fail at once, naming the ranks.
+Before anything is read, the ranks compare what they opened and planned (an
+all-gather of each file's size, version and tensor table and of a digest of the
+reads, or of the error that stopped them; agreement.py): different files, versions
+of a file, settings or selections on different ranks fail every rank at once,
+naming the file and what differs.
 
 Tensors cut to each rank's own rows (``rows=``, rows.py) are read by every rank
-for itself and take no part in the shares, the broadcasts or the fingerprint.
+for itself and take no part in the shares, the broadcasts or the plan's digest.
 
 Host memory only for now: the exchange goes over the group's backend (gloo) on
 CPU tensors.
@@ -33,15 +35,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._threads import finish_before_cancel
+from .agreement import (
+    Status,
+    compare,
+    describe_tables,
+    failed,
+    identify,
+    plan_digest,
+    tensor_table,
+    this_machine,
+)
 from .errors import ConfigError, LoaderError
 from .plan import Read, Span
+from .safetensors import FileHeader
+from .sources.base import Blob
 
 __all__ = ["DistributedError", "Exchange", "announce_failure", "run_exchange", "split_by_bytes"]
 
@@ -71,51 +84,25 @@ def split_by_bytes(reads: Sequence[Read], ranks: int) -> list[int]:
     return owners
 
 
-def _fingerprint(reads: Sequence[Read]) -> str:
-    digest = hashlib.sha256()
-    for read in reads:
-        digest.update(f"{read.span.file}:{read.start}:{read.end};".encode())
-    return digest.hexdigest()
-
-
 def _dist() -> Any:
     import torch.distributed as dist
 
     return dist
 
 
-def _gather_status(group: Any, mine: tuple[str | None, str | None]) -> list[Any]:
+def _gather(group: Any, mine: Any) -> list[Any]:
+    """Every rank's ``mine``, in rank order (a collective, blocking)."""
     dist = _dist()
-    statuses: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(statuses, mine, group=group)
-    return statuses
-
-
-def _check_statuses(statuses: list[Any], rank: int) -> None:
-    failed = [(r, s[1]) for r, s in enumerate(statuses) if s[1] is not None and r != rank]
-    if failed:
-        named = "; ".join(f"rank {r}: {message}" for r, message in failed)
-        raise DistributedError(
-            f"{len(failed)} rank(s) of the group failed to start the load: {named}"
-        )
-    plans = {s[0] for s in statuses}
-    if len(plans) > 1:
-        by_plan: dict[str, list[int]] = {}
-        for r, s in enumerate(statuses):
-            by_plan.setdefault(s[0], []).append(r)
-        groups = " / ".join(f"ranks {', '.join(map(str, rs))}" for rs in by_plan.values())
-        raise DistributedError(
-            f"the ranks planned different loads ({groups}): every rank must load the same "
-            "URL with the same tensors= selection, chunk_size and rows= tensors"
-        )
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
+    return gathered
 
 
 async def announce_failure(group: Any, error: BaseException) -> None:
     """Tell the other ranks, waiting in ``Exchange.agree``, that this one cannot load."""
     from ._threads import run_blocking
 
-    message = f"{type(error).__name__}: {error}"[:_MESSAGE]
-    await run_blocking(None, lambda: _gather_status(group, (None, message)))
+    await run_blocking(None, lambda: _gather(group, failed(this_machine(), error, _MESSAGE)))
 
 
 class Exchange:
@@ -146,13 +133,28 @@ class Exchange:
     def own_bytes(self) -> int:
         return sum(r.nbytes for r in self.mine())
 
-    async def agree(self) -> None:
-        """Check that every rank planned the same load (a collective: every rank calls it)."""
+    async def agree(self, blobs: Sequence[Blob], headers: Sequence[FileHeader]) -> None:
+        """Check that every rank opened the same files, at the same version, and planned
+        the same load (a collective: every rank calls it; see agreement.py).
+
+        Raises:
+            DistributedError: on every rank alike, naming the file and what differs.
+        """
         from ._threads import run_blocking
 
-        mine = (_fingerprint(self.reads), None)
-        statuses = await run_blocking(None, lambda: _gather_status(self.group, mine))
-        _check_statuses(statuses, self.rank)
+        def mine() -> Status:  # blocking: stats local files
+            return Status(this_machine(), plan_digest(self.reads), identify(blobs, headers))
+
+        statuses = await run_blocking(None, lambda: _gather(self.group, mine()))
+        verdict = compare(statuses, self.rank)
+        if verdict is None:
+            return
+        message = verdict.message
+        if verdict.file is not None:  # every rank reaches it: name the first tensor apart
+            table = tensor_table(headers[verdict.file])
+            tables = await run_blocking(None, lambda: _gather(self.group, table))
+            message += f" (first difference: {describe_tables(tables)})"
+        raise DistributedError(message)
 
     def landed(self, read: Read) -> None:
         """This rank's own read is in place: its broadcast may go (thread-safe)."""

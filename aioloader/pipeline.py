@@ -253,7 +253,7 @@ class Load:
                 # A tensor cut to this rank's rows is read here and never exchanged.
                 shared = [r for r in plan.reads if not r.span.sliced]
                 self.exchange = Exchange(self.group, shared)
-                await self.exchange.agree()
+                await self.exchange.agree(self.blobs, headers)
                 own = sorted(
                     self.exchange.mine() + [r for r in plan.reads if r.span.sliced],
                     key=lambda r: (r.span.file, r.start),
