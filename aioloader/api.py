@@ -22,7 +22,7 @@ from .redact import redact
 from .report import LoadReport
 from .rows import Rows
 from .safetensors import FileHeader
-from .sources.auto import scheme_of, source_for
+from .sources.auto import scheme_of, source_for, store_of
 from .sources.base import Source
 from .staging import ByteBudget
 from .stream import StreamStatistics, TensorStream
@@ -173,20 +173,23 @@ class Loader:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise ConfigError("an empty list of URLs was given; pass at least one file")
-        schemes = {scheme_of(u) for u in urls}
-        if len(schemes) > 1:
+        # Kept per store, not per scheme: an Azure source keeps its account's SAS or
+        # token, which must not go to an unrelated https:// host loaded later.
+        stores = {store_of(u) for u in urls}
+        if len(stores) > 1:
             raise ConfigError(
-                f"the URLs mix storage kinds ({', '.join(sorted(schemes))}); load them separately"
+                f"the URLs are in different stores ({', '.join(sorted(stores))}); "
+                "load them separately"
             )
-        scheme = schemes.pop()
-        source = self._sources.get(scheme)
+        store = stores.pop()
+        source = self._sources.get(store)
         if source is None:
-            source = self._sources[scheme] = source_for(
+            source = self._sources[store] = source_for(
                 urls[0], concurrency=self.limits.concurrency, http=self._http, s3=self._s3
             )
-        if not cached or self._cache is None or scheme not in REMOTE_SCHEMES:
+        if not cached or self._cache is None or scheme_of(urls[0]) not in REMOTE_SCHEMES:
             return source
-        key = f"{scheme}+cache"
+        key = f"{store}+cache"
         caching = self._sources.get(key)
         if caching is None:
             # Host tensors are the buffers reads land in: their cache writes can wait

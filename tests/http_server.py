@@ -14,6 +14,7 @@ import fcntl
 import gzip
 import re
 import socket
+import ssl
 import struct
 import termios
 import threading
@@ -153,9 +154,12 @@ class FaultyHttpServer:
     ``limit_concurrency``) last until changed or ``clear_faults()``.
     """
 
-    def __init__(self, root: Path, *, chunk_size: int = CHUNK) -> None:
+    def __init__(
+        self, root: Path, *, chunk_size: int = CHUNK, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.root = Path(root).resolve()
         self.chunk_size = chunk_size
+        self._ssl = ssl_context
         self._lock = threading.Lock()
         self._faults: list[_Fault] = []
         self._versions: dict[str, _Version] = {}
@@ -165,7 +169,7 @@ class FaultyHttpServer:
         self._required: dict[str, str] = {}
         self._etags: dict[str, str] = {}
         self._limit: tuple[int, int, float] | None = None
-        self._log: list[tuple[RequestRecord, dict[str, str]]] = []
+        self._log: list[tuple[RequestRecord, dict[str, str], str]] = []
         self._bytes_sent = 0
         self._active = 0
         self._admitted = 0
@@ -218,7 +222,7 @@ class FaultyHttpServer:
             app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._ssl)
         await site.start()
         self._port = self._runner.addresses[0][1]
 
@@ -252,8 +256,8 @@ class FaultyHttpServer:
 
     @property
     def url(self) -> str:
-        """Base URL, without a trailing slash."""
-        return f"http://127.0.0.1:{self._port}"
+        """Base URL, without a trailing slash (https:// when given an ``ssl_context``)."""
+        return f"{'https' if self._ssl else 'http'}://127.0.0.1:{self._port}"
 
     def url_for(self, relpath: str | Path) -> str:
         """URL of a file given relative to ``root``."""
@@ -263,13 +267,19 @@ class FaultyHttpServer:
     def requests(self) -> list[RequestRecord]:
         """Every request so far, in arrival order (a copy)."""
         with self._lock:
-            return [rec for rec, _ in self._log]
+            return [rec for rec, _, _ in self._log]
 
     @property
     def request_headers(self) -> list[dict[str, str]]:
         """Headers of every request so far, parallel to ``requests`` (a copy)."""
         with self._lock:
-            return [dict(h) for _, h in self._log]
+            return [dict(h) for _, h, _ in self._log]
+
+    @property
+    def query_strings(self) -> list[str]:
+        """The query string of every request so far, parallel to ``requests`` (a copy)."""
+        with self._lock:
+            return [q for _, _, q in self._log]
 
     def request_counts(self) -> Counter[tuple[str, str]]:
         """How many requests each (method, path) got."""
@@ -453,7 +463,7 @@ class FaultyHttpServer:
         is_get = request.method == "GET"
         record = RequestRecord(request.method, path, request.headers.get("Range"))
         with self._lock:
-            self._log.append((record, dict(request.headers)))
+            self._log.append((record, dict(request.headers), request.query_string))
             if is_get:
                 self._active += 1
                 self._max_concurrent = max(self._max_concurrent, self._active)

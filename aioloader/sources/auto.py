@@ -6,10 +6,10 @@ from urllib.parse import urlparse
 
 from ..config import HttpOptions, S3Options
 from ..errors import ConfigError
-from .azure import is_azure_url
+from .azure import azure_store, is_azure_url
 from .base import Source
 
-__all__ = ["scheme_of", "source_for"]
+__all__ = ["scheme_of", "source_for", "store_of"]
 
 
 def scheme_of(url: str) -> str:
@@ -17,6 +17,25 @@ def scheme_of(url: str) -> str:
     scheme = urlparse(url).scheme.lower()
     # A one-letter scheme is a Windows drive ("C:\\..."), not a URL.
     return "file" if len(scheme) <= 1 else scheme
+
+
+def _is_azure(url: str) -> bool:
+    scheme = scheme_of(url)
+    return scheme == "az" or (scheme == "https" and is_azure_url(url))
+
+
+def store_of(url: str) -> str:
+    """The store ``url`` is read from, the key a long-lived Loader keeps a Source under.
+
+    One Source serves one store with one set of credentials: an Azure account (its
+    endpoint and name: a SAS or token for one account must never reach another host),
+    else every URL of a scheme, whose sources send nothing to a host but what was
+    configured for it (HTTP headers only to the URL's own origin; S3 and GCS only to
+    their one endpoint).
+    """
+    if _is_azure(url):
+        return f"azure {azure_store(url)}"
+    return scheme_of(url)
 
 
 def source_for(
@@ -28,7 +47,7 @@ def source_for(
         ConfigError: no backend reads this kind of URL.
     """
     scheme = scheme_of(url)
-    if scheme == "az" or (scheme == "https" and is_azure_url(url)):
+    if _is_azure(url):
         from .azure import AzureSource
 
         return AzureSource(concurrency, http)

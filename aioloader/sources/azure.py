@@ -18,6 +18,10 @@ Credentials, the first that applies, through Azure's own libraries (``pip instal
    environment names one (``AZURE_CLIENT_ID``, ``AZURE_FEDERATED_TOKEN_FILE``,
    ``IDENTITY_ENDPOINT``) or ``AIOLOADER_AZURE_IDENTITY=1``: a bearer token;
 4. otherwise anonymous (public containers).
+
+A source serves one account (a Loader keeps one per account: ``store_of`` in
+auto.py), and the SAS or key of the environment goes only to the account it names
+(``AccountName`` / ``AZURE_STORAGE_ACCOUNT_NAME``, at its endpoint), never to another.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from ..throttle import LimiterStatistics
 from .base import Blob, Source
 from .remote import RemoteStore, listed, prefix_to_list
 
-__all__ = ["AzureSource", "is_azure_url"]
+__all__ = ["AzureSource", "azure_store", "is_azure_url"]
 
 API_VERSION = "2021-08-06"
 _SUFFIX = ".blob.core.windows.net"
@@ -60,26 +64,42 @@ def _connection_string() -> dict[str, str]:
     return {key.strip(): value.strip() for key, _, value in parts}
 
 
+def _named_account() -> tuple[str, str] | None:
+    """The account the environment names and its blob endpoint, or None."""
+    settings = _connection_string()
+    account = settings.get("AccountName") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+    if not account:
+        return None
+    return account, (settings.get("BlobEndpoint") or f"https://{account}{_SUFFIX}").rstrip("/")
+
+
+def azure_store(url: str) -> str:
+    """The account a URL's blob is in, as ``<endpoint> <account>`` (``?`` where the
+    environment names none): a source and its credentials serve one account only."""
+    parsed = urlparse(url)
+    if parsed.scheme == "az":
+        named = _named_account()
+        return "? ?" if named is None else f"{named[1].lower()} {named[0]}"
+    host = (parsed.hostname or "").lower()
+    return f"{parsed.scheme.lower()}://{parsed.netloc.lower()} {host.removesuffix(_SUFFIX)}"
+
+
 class _Location:
     """Where a URL's blob lives: endpoint, account, container, name, and a SAS in the URL."""
 
     def __init__(self, url: str) -> None:
         parsed = urlparse(url)
-        settings = _connection_string()
         if parsed.scheme == "az":
             self.container = parsed.netloc
             self.name = parsed.path.lstrip("/")
-            account = settings.get("AccountName") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
-            if not account:
+            named = _named_account()
+            if named is None:
                 raise ConfigError(
                     f"{url}: no Azure storage account is set; set AZURE_STORAGE_CONNECTION_STRING "
                     "or AZURE_STORAGE_ACCOUNT_NAME, or give the URL as "
                     "https://<account>.blob.core.windows.net/<container>/<path>"
                 )
-            self.account = account
-            self.endpoint = (settings.get("BlobEndpoint") or f"https://{account}{_SUFFIX}").rstrip(
-                "/"
-            )
+            self.account, self.endpoint = named
             self.url_sas = ""
         else:
             self.account = (parsed.hostname or "").removesuffix(_SUFFIX)
@@ -118,8 +138,21 @@ class AzureSigner:
                 return
             settings = _connection_string()
             key = settings.get("AccountKey") or _env_key()
+            named = _named_account()
+            # The environment's SAS and key belong to the account it names: never sent
+            # to another account, or to another endpoint.
+            elsewhere = named is not None and (
+                named[0] != where.account or named[1].lower() != where.endpoint.lower()
+            )
             if where.url_sas:
                 self._mode, self.described = "url", "with the SAS token in the URL"
+            elif elsewhere and (key or os.environ.get("AZURE_STORAGE_SAS_TOKEN")):
+                assert named is not None
+                self._mode = "anonymous"
+                self.described = (
+                    f"anonymously (the SAS token or account key in the environment is for "
+                    f"account {named[0]} at {named[1]}, not {where.account} at {where.endpoint})"
+                )
             elif os.environ.get("AZURE_STORAGE_SAS_TOKEN"):
                 self._mode = "env-sas"
                 self.described = "with the SAS token in AZURE_STORAGE_SAS_TOKEN"
