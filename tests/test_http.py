@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from aioloader import (
     AccessDeniedError,
+    ConfigError,
     HttpOptions,
     Loader,
     NotFoundError,
@@ -604,3 +605,24 @@ async def test_url_policy_sees_every_url(http_server: FaultyHttpServer) -> None:
     ]
     assert http_server.url_for("model-00001-of-00002.safetensors") in seen
     assert not http_server.gets("model-00002-of-00002.safetensors"), "refused before sending"
+
+
+async def test_a_presigned_url_with_an_invalid_port_is_named_without_its_signature() -> None:
+    url = "https://127.0.0.1:99999/m.safetensors?X-Amz-Credential=AKIAXX&X-Amz-Signature=f00d"
+    with pytest.raises(ConfigError, match="port") as info:
+        await load_model(url)
+    shown = "".join(traceback.format_exception(info.value))
+    assert "f00d" not in shown and "AKIAXX" not in shown
+    assert "127.0.0.1:99999/m.safetensors" in str(info.value)
+
+
+async def test_a_redirect_to_an_invalid_port_is_named_without_its_signature(
+    http_server: FaultyHttpServer,
+) -> None:
+    write_file(http_server.root / NAME, random_tensors())
+    http_server.redirect(NAME, "http://127.0.0.1:70000/m.safetensors?sig=f00d")
+    url = http_server.url_for(NAME)
+    with pytest.raises(SourceError, match="port") as info:
+        await load_model(url, http=FAST)
+    shown = "".join(traceback.format_exception(info.value))
+    assert "f00d" not in shown and url in str(info.value)

@@ -9,6 +9,7 @@ import pytest
 from aioloader.config import HttpOptions
 from aioloader.errors import (
     AccessDeniedError,
+    ConfigError,
     NotFoundError,
     ObjectChangedError,
     ReadError,
@@ -19,12 +20,15 @@ from aioloader.sources.filler import Filler, clip
 from aioloader.sources.retry import Retrier, RetryableError, backoff_delay
 from aioloader.sources.rules import (
     MAX_REDIRECTS,
+    MAX_SMALL_READ,
     PROBE_SIZE,
     ContentRange,
     Verdict,
     check_encoding,
     check_same_etag,
     check_same_range,
+    check_small_read,
+    check_url,
     classify_status,
     failure,
     parse_content_range,
@@ -332,3 +336,38 @@ async def test_retrier_throttling_lowers_the_limit() -> None:
     assert await retrier.run(URL, 0, 10, throttled_once) == 2
     stats = retrier.statistics()
     assert (stats.limit, stats.throttled) == (2, 1)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://h:99999/m?X-Amz-Signature=s3cret",
+        "https://h:0/m?sig=s3cret",
+        "https://h:-1/m?sig=s3cret",
+        "https://h:1a/m?sig=s3cret",
+        "https://[::1]:70000/m?sig=s3cret",
+        "https://:443/m?sig=s3cret",
+        "https:///m?sig=s3cret",
+    ],
+)
+def test_urls_no_request_can_go_to_are_named_without_their_secrets(url: str) -> None:
+    with pytest.raises(ConfigError, match="cannot be requested") as asked:
+        check_url(url, url)
+    with pytest.raises(SourceError, match="https://ok/m") as elsewhere:
+        check_url("https://ok/m", url)
+    assert not isinstance(elsewhere.value, ConfigError)
+    for error in (asked.value, elsewhere.value):
+        assert "s3cret" not in str(error) and "REDACTED" in str(error)
+
+
+@pytest.mark.parametrize(
+    "url", ["https://h/m", "http://h:1/m", "https://h:65535/m?sig=x", "http://[::1]:8080/m"]
+)
+def test_urls_a_request_can_go_to_pass(url: str) -> None:
+    check_url(url, url)
+
+
+def test_small_reads_beyond_any_header_are_refused() -> None:
+    check_small_read("u", 1 << 40, 0, MAX_SMALL_READ)
+    with pytest.raises(SourceError, match=r"u: reading bytes \[8, 1099511627784\)"):
+        check_small_read("u", 1 << 40, 8, 1 << 40)

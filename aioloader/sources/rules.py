@@ -15,9 +15,9 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
-from urllib.parse import urljoin, urlparse
+from urllib.parse import urljoin, urlparse, urlsplit
 
-from ..errors import AccessDeniedError, NotFoundError, ObjectChangedError, SourceError
+from ..errors import AccessDeniedError, ConfigError, NotFoundError, ObjectChangedError, SourceError
 from .retry import RetryableError
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "ContentRange",
     "Verdict",
     "check_encoding",
+    "check_url",
     "check_same_range",
     "check_same_etag",
     "check_small_read",
@@ -221,6 +222,37 @@ def size_of(url: str, status: int, headers: Mapping[str, str]) -> tuple[int, boo
         )
     size = int(length)
     return size, size <= PROBE_SIZE
+
+
+def check_url(asked: str, url: str) -> None:
+    """Refuse a URL no request can go to (no host, a port outside 1-65535) before an
+    HTTP client does, with the whole URL, signature and all, in its message.
+
+    Args:
+        asked: the URL the caller asked for.
+        url: where the request goes (``asked``, a store's endpoint, a redirect target).
+
+    Raises:
+        ConfigError: ``url`` is the URL asked for.
+        SourceError: ``url`` came from elsewhere (an endpoint setting, a redirect).
+    """
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        problem = "its port is not a number from 1 to 65535"
+    elif not parts.hostname:
+        problem = "it names no host"
+    else:
+        return
+    if url == asked:
+        raise ConfigError(f"{url} cannot be requested: {problem}; check the URL")
+    raise SourceError(
+        f"{asked}: the request goes to {url}, which cannot be requested: {problem}; check "
+        "the URL, the endpoint settings and where the server redirects"
+    )
 
 
 def check_small_read(url: str, size: int, offset: int, length: int) -> None:

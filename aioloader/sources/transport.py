@@ -23,6 +23,7 @@ from .rules import (
     MAX_REDIRECTS,
     REDIRECT_STATUSES,
     check_encoding,
+    check_url,
     failure,
     redirect_target,
     status_error,
@@ -141,6 +142,7 @@ class HttpTransport:
         Args:
             origin: the URL the caller asked for (see Signer.sign).
         """
+        check_url(origin, url)
         session = await self._client()
         signed = await self.signer.sign(method, url, headers, origin=origin)
         return await session.request(
@@ -212,6 +214,7 @@ class HttpTransport:
             False when the direct client cannot or will not take the answer (a
             proxy, an error, a redirect, ...): the caller then asks through ``get``.
         """
+        check_url(origin, url)
         wire_url = self._wire_url(url)
         if wire_url is None:
             return False
