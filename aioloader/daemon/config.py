@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import parse_size
+from ..config import MAX_SECONDS, check_number, parse_size
 from ..errors import ConfigError
 from .allow import AllowList
+from .retry import DEFAULT_RETRY_BACKOFF, DEFAULT_RETRY_BACKOFF_MAX, Backoff
 
 __all__ = ["DaemonConfig", "add_arguments", "config_from_args", "default_cache_dir"]
 
@@ -46,6 +47,8 @@ class DaemonConfig:
         concurrency: reads in flight per download (None: the cache's default).
         max_downloads: models downloading at once; the rest wait as ``queued``.
         grace_period: seconds from SIGTERM to exit.
+        retry_backoff: seconds before a failed preload is tried again; doubles
+            after each failure in a row (with jitter), up to ``retry_backoff_max``.
     """
 
     host: str = DEFAULT_HOST
@@ -58,19 +61,24 @@ class DaemonConfig:
     concurrency: int | None = None
     max_downloads: int = DEFAULT_MAX_DOWNLOADS
     grace_period: float = DEFAULT_GRACE_PERIOD
+    retry_backoff: float = DEFAULT_RETRY_BACKOFF
+    retry_backoff_max: float = DEFAULT_RETRY_BACKOFF_MAX
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be 0..65535, got {self.port}")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ConfigError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.max_downloads < 1:
-            raise ConfigError(f"max downloads must be at least 1, got {self.max_downloads}")
-        if self.grace_period < 0:
-            raise ConfigError(f"grace period must be >= 0 seconds, got {self.grace_period}")
-        if self.max_cache_bytes is not None and self.max_cache_bytes <= 0:
-            raise ConfigError(f"max cache bytes must be positive, got {self.max_cache_bytes}")
+        check_number("port", self.port, integer=True, maximum=65535)
+        if self.concurrency is not None:
+            check_number("concurrency", self.concurrency, integer=True, positive=True)
+        check_number("max downloads", self.max_downloads, integer=True, positive=True)
+        check_number("grace period", self.grace_period, maximum=MAX_SECONDS)
+        if self.max_cache_bytes is not None:
+            check_number("max cache bytes", self.max_cache_bytes, integer=True, positive=True)
+        Backoff(self.retry_backoff, self.retry_backoff_max)  # raises ConfigError if unusable
         AllowList(self.allow_prefixes)  # raises ConfigError for a prefix it cannot use
+
+    @property
+    def backoff(self) -> Backoff:
+        """The delays between the tries of a failed preload."""
+        return Backoff(self.retry_backoff, self.retry_backoff_max)
 
     def __repr__(self) -> str:
         # The token never reaches a log line.
@@ -80,7 +88,8 @@ class DaemonConfig:
             f"cache_dir={str(self.cache_dir)!r}, "
             f"max_cache_bytes={self.max_cache_bytes}, models={len(self.models)}, token={token}, "
             f"allow_prefixes={self.allow_prefixes}, concurrency={self.concurrency}, "
-            f"max_downloads={self.max_downloads}, grace_period={self.grace_period})"
+            f"max_downloads={self.max_downloads}, grace_period={self.grace_period}, "
+            f"retry_backoff={self.retry_backoff}, retry_backoff_max={self.retry_backoff_max})"
         )
 
 
@@ -94,6 +103,17 @@ _OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--concurrency", "AIOLOADER_CONCURRENCY", "reads in flight per download"),
     ("--max-downloads", "AIOLOADER_MAX_DOWNLOADS", "models downloading at once (default 2)"),
     ("--grace-period", "AIOLOADER_GRACE_PERIOD", "seconds from SIGTERM to exit (default 25)"),
+    (
+        "--retry-backoff",
+        "AIOLOADER_RETRY_BACKOFF",
+        f"seconds before a failed preload is tried again; doubles per failure "
+        f"(default {DEFAULT_RETRY_BACKOFF:g})",
+    ),
+    (
+        "--retry-backoff-max",
+        "AIOLOADER_RETRY_BACKOFF_MAX",
+        f"longest wait between tries of a failed preload (default {DEFAULT_RETRY_BACKOFF_MAX:g})",
+    ),
 )
 
 
@@ -151,6 +171,10 @@ def config_from_args(
     concurrency = _number(pick("concurrency", "AIOLOADER_CONCURRENCY"), int, "concurrency")
     downloads = _number(pick("max_downloads", "AIOLOADER_MAX_DOWNLOADS"), int, "max downloads")
     grace = _number(pick("grace_period", "AIOLOADER_GRACE_PERIOD"), float, "grace period")
+    backoff = _number(pick("retry_backoff", "AIOLOADER_RETRY_BACKOFF"), float, "retry backoff")
+    backoff_max = _number(
+        pick("retry_backoff_max", "AIOLOADER_RETRY_BACKOFF_MAX"), float, "retry backoff max"
+    )
     return DaemonConfig(
         host=pick("host", "AIOLOADER_HOST") or DEFAULT_HOST,
         port=int(port) if port is not None else DEFAULT_PORT,
@@ -162,4 +186,8 @@ def config_from_args(
         concurrency=int(concurrency) if concurrency is not None else None,
         max_downloads=int(downloads) if downloads is not None else DEFAULT_MAX_DOWNLOADS,
         grace_period=float(grace) if grace is not None else DEFAULT_GRACE_PERIOD,
+        retry_backoff=float(backoff) if backoff is not None else DEFAULT_RETRY_BACKOFF,
+        retry_backoff_max=(
+            float(backoff_max) if backoff_max is not None else DEFAULT_RETRY_BACKOFF_MAX
+        ),
     )

@@ -6,6 +6,12 @@ down with it. Closing the supervisor cancels what still runs and waits for it:
 the cache keeps a cancelled download's bytes under a temporary name, to be
 resumed by the next fetch of the same URL.
 
+A failed preload (a model of ``--model``) is tried again, after the delays of a
+``Backoff`` (retry.py), until it succeeds, the model is deleted (which cancels
+its task, waiting or not) or the daemon stops. Its task stays in place between
+tries, so there is one task per model at most; posting its URL again starts the
+next try at once. A model posted through the API fails once: its client decides.
+
 Every fetch runs with the daemon's ``HttpOptions``, whose ``url_policy`` (the
 allow-list) is called on each URL the source is about to request: the model's,
 each shard's and each redirect target's. A refused URL fails the model with
@@ -24,6 +30,7 @@ from ..config import HttpOptions
 from ..errors import ClosedError
 from ..redact import redacting_logger
 from .metrics import Metrics
+from .retry import Backoff
 from .state import ModelRecord, Registry, display_url
 
 if TYPE_CHECKING:
@@ -53,6 +60,7 @@ class Downloads:
         http: options of every fetch (the allow-list as ``url_policy``).
         after_fetch: awaited after each fetch that reached the cache, before its
             model is marked ready (the fetch may have evicted other models' files).
+        backoff: delays between the tries of a failed preload (None: no retries).
 
     Use as ``async with Downloads(...) as downloads:`` inside the server's task.
     """
@@ -67,6 +75,7 @@ class Downloads:
         max_downloads: int = 2,
         http: HttpOptions | None = None,
         after_fetch: Callable[[], Awaitable[None]] | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         self._cache = cache
         self._registry = registry
@@ -74,6 +83,8 @@ class Downloads:
         self._concurrency = concurrency
         self._http = http
         self._after_fetch = after_fetch
+        self._backoff = backoff
+        self._wake: dict[str, asyncio.Event] = {}  # preloads waiting for their next try
         self._slots = asyncio.Semaphore(max_downloads)
         self._group = asyncio.TaskGroup()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -124,7 +135,13 @@ class Downloads:
         """
         if not self.accepting:
             raise ClosedError("the daemon is shutting down; no new downloads")
-        if record.id in self._tasks or record.status == "ready":
+        if record.status == "ready":
+            return False
+        waiting = self._wake.get(record.id)
+        if waiting is not None:  # a failed preload between tries: try now
+            waiting.set()
+            return True
+        if record.id in self._tasks:
             return False
         record.queue()
         self._tasks[record.id] = self._group.create_task(
@@ -156,12 +173,38 @@ class Downloads:
 
     async def _fetch(self, record: ModelRecord) -> None:
         try:
-            async with self._slots:
-                await self._fetch_now(record)
+            while True:
+                async with self._slots:
+                    if await self._fetch_now(record):
+                        return
+                if self._backoff is None or not record.preload or self._closed:
+                    return
+                await self._wait_to_retry(record, self._backoff)
         finally:
             self._tasks.pop(record.id, None)
 
-    async def _fetch_now(self, record: ModelRecord) -> None:
+    async def _wait_to_retry(self, record: ModelRecord, backoff: Backoff) -> None:
+        """Sleep until the failed preload's next try (or a POST of its URL)."""
+        delay = backoff.delay(record.failures)
+        record.retry_in(delay)
+        logger.warning(
+            "%s (%s): preload failed %d time(s) in a row; next try in %.1f s",
+            display_url(record.url),
+            record.id,
+            record.failures,
+            delay,
+        )
+        wake = self._wake[record.id] = asyncio.Event()
+        try:
+            async with asyncio.timeout(delay):
+                await wake.wait()
+        except TimeoutError:
+            pass
+        finally:
+            del self._wake[record.id]
+
+    async def _fetch_now(self, record: ModelRecord) -> bool:
+        """One try; records its outcome on ``record`` and returns whether it succeeded."""
         metrics = self._metrics
         record.start()
         metrics.in_flight.inc()
@@ -200,6 +243,7 @@ class Downloads:
             record.fail(error)
             metrics.errors.labels(kind=type(error).__name__).inc()
             logger.warning("%s (%s) failed: %s", display_url(record.url), record.id, error)
+            return False
         else:
             outcome = "hit" if cached.hit else "downloaded"
             (metrics.cache_hits if cached.hit else metrics.cache_misses).inc()
@@ -216,6 +260,7 @@ class Downloads:
                 outcome,
                 time.monotonic() - started,
             )
+            return True
         finally:
             metrics.in_flight.dec()
             metrics.load_seconds.labels(outcome=outcome).observe(time.monotonic() - started)

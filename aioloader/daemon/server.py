@@ -2,7 +2,10 @@
 
 Startup: check that the cache folder is writable (else exit 2), listen, then
 queue the preloads, so /health answers at once and /ready turns 200 when they
-are cached. Shutdown, on SIGTERM or SIGINT: /ready answers 503 and new work is
+are cached. A preload that fails is tried again with capped exponential backoff
+(``--retry-backoff``, ``--retry-backoff-max``) until it is cached or deleted;
+/ready names it meanwhile, with the error and the time of the next try.
+Shutdown, on SIGTERM or SIGINT: /ready answers 503 and new work is
 refused, the listener closes, downloads are cancelled (the cache keeps their
 bytes under temporary names, so a restart resumes them and no partial file
 ever shows under a final name), and the process exits 0, all within the grace
@@ -150,6 +153,7 @@ class Server:
                 max_downloads=config.max_downloads,
                 http=HttpOptions(url_policy=allow if allow else None),
                 after_fetch=watch.refresh,
+                backoff=config.backoff,
             ) as downloads,
         ):
             state = DaemonState(

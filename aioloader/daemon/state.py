@@ -3,8 +3,10 @@
 A model moves ``queued -> downloading -> ready`` or ``-> failed``; a ready model
 whose files the cache evicted (to make room for another under its size limit) is
 ``evicted``. Posting its URL again queues a new download of a failed or evicted
-model. Every change happens in one synchronous call, so a cancelled request or
-download can never leave a record half updated.
+model. A failed preload stays ``failed`` between its tries (see retry.py), with
+the last error, how many tries failed and when the next one is. Every change
+happens in one synchronous call, so a cancelled request or download can never
+leave a record half updated.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ Status = Literal["queued", "downloading", "ready", "failed", "evicted"]
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
-_READY_FIELDS = ("id", "url", "status", "bytes_done", "bytes_total", "progress", "error")
+_READY_FIELDS = (
+    "id", "url", "status", "bytes_done", "bytes_total", "progress", "error", "error_kind",
+    "failures", "next_try", "next_try_in",
+)  # fmt: skip
 _MODEL_FILES = (".safetensors.index.json", ".safetensors")
 
 
@@ -62,12 +67,15 @@ class ModelRecord:
     path: str | None = None
     files: tuple[str, ...] = ()
     preload: bool = False
+    failures: int = 0  # tries that failed in a row
+    next_try: float | None = None  # when a failed preload is tried again (time.time())
     created: float = field(default_factory=time.time)
     started: float | None = None
     finished: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         total = self.bytes_total
+        wait = None if self.next_try is None else max(0.0, round(self.next_try - time.time(), 3))
         return {
             "id": self.id,
             "url": display_url(self.url),
@@ -77,6 +85,9 @@ class ModelRecord:
             "progress": round(self.bytes_done / total, 4) if total else None,
             "error": self.error,
             "error_kind": self.error_kind,
+            "failures": self.failures,
+            "next_try": self.next_try,
+            "next_try_in": wait,
             "cache_hit": self.hit,
             "path": self.path,
             "files": len(self.files),
@@ -86,16 +97,34 @@ class ModelRecord:
             "finished": self.finished,
         }
 
+    def reason(self) -> str:
+        """Why the model is not ready, in a line (for /ready)."""
+        if self.status == "failed":
+            tries = "1 try" if self.failures == 1 else f"{self.failures} tries"
+            why = f"failed ({tries}): {self.error}"
+            if self.next_try is None:
+                return f"{why}; POST its URL to /v1/models to try again"
+            return f"{why}; next try in {max(0.0, self.next_try - time.time()):.1f} s"
+        if self.status == "evicted":
+            return "evicted from the cache; POST its URL to /v1/models to fetch it again"
+        if self.status == "downloading" and self.failures:
+            return f"downloading, try {self.failures + 1} (the last failed: {self.error})"
+        return self.status
+
     def queue(self) -> None:
         self.status = "queued"
         self.bytes_done = 0
         self.error = self.error_kind = None
         self.started = self.finished = None
         self.hit = None
+        self.failures = 0
+        self.next_try = None
 
     def start(self) -> None:
+        """A try begins; a retry keeps the last error on show until it ends."""
         self.status = "downloading"
         self.started = time.time()
+        self.next_try = None
 
     def progress(self, done: int, total: int) -> None:
         self.bytes_done = done
@@ -103,6 +132,9 @@ class ModelRecord:
 
     def succeed(self, *, nbytes: int, hit: bool, path: str | None, files: tuple[str, ...]) -> None:
         self.status = "ready"
+        self.error = self.error_kind = None
+        self.failures = 0
+        self.next_try = None
         self.bytes_done = self.bytes_total = nbytes
         self.hit = hit
         self.path = path
@@ -115,6 +147,11 @@ class ModelRecord:
         self.error = redact(str(error)) or type(error).__name__
         self.error_kind = type(error).__name__
         self.finished = time.time()
+        self.failures += 1
+
+    def retry_in(self, seconds: float) -> None:
+        """The failed model is tried again in ``seconds``."""
+        self.next_try = time.time() + seconds
 
 
 class Registry:
@@ -174,6 +211,9 @@ class Registry:
             "ready": not missing,
             "models": len(chosen),
             "models_ready": len(chosen) - len(missing),
-            "missing": [{k: r.as_dict()[k] for k in _READY_FIELDS} for r in missing],
+            "missing": [
+                {**{k: r.as_dict()[k] for k in _READY_FIELDS}, "reason": r.reason()}
+                for r in missing
+            ],
         }
         return not missing, body
