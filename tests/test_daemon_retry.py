@@ -31,7 +31,7 @@ FAST = ("--retry-backoff", "0.05", "--retry-backoff-max", "0.2")
 def test_a_failed_preload_is_retried_until_ready(
     http_server: FaultyHttpServer, tmp_path: Path
 ) -> None:
-    index, shards = write_model(http_server.root / "llama", shards=2, kib=200)
+    _, shards = write_model(http_server.root / "llama", shards=2, kib=200)
     name = "llama/model.safetensors.index.json"
     url = http_server.url_for(name)
     http_server.status(name, 404, count=1_000_000)  # down until cleared
