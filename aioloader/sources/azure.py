@@ -40,7 +40,7 @@ from ..errors import ConfigError, NotFoundError, SourceError
 from ..redact import redact
 from ..throttle import LimiterStatistics
 from .base import Blob, Source
-from .remote import RemoteStore, listed, prefix_to_list
+from .remote import RemoteStore, broken_listing, listed, prefix_to_list, xml_listing
 
 __all__ = ["AzureSource", "azure_store", "is_azure_url"]
 
@@ -315,9 +315,11 @@ class AzureSource(Source):
                     f"{where.container!r} of account {where.account!r} at {where.endpoint}"
                 ),
             )
-            root = ET.fromstring(body)
+            root = xml_listing(url, where.endpoint, body, "EnumerationResults")
             for blob in root.iter("Blob"):
-                name = blob.findtext("Name") or ""
+                name = blob.findtext("Name")
+                if not name:
+                    raise broken_listing(url, where.endpoint, "a <Blob> has no <Name>")
                 if name.startswith(prefix) and name != prefix:
                     names.append(name[len(prefix) :])
             marker = root.findtext("NextMarker") or ""

@@ -187,8 +187,26 @@ class GcsSource(Source):
         url = base + quote(bucket, safe="") + "/o"
         return url + ("/" + quote(key, safe="") if key else "")
 
-    async def _get_json(self, url: str, fetch_url: str, missing: str) -> Any:
-        return json.loads(await self._store.read_body(url, fetch_url, lambda _: missing))
+    async def _get_json(self, url: str, fetch_url: str, missing: str, what: str) -> dict[str, Any]:
+        body = await self._store.read_body(url, fetch_url, lambda _: missing)
+        try:
+            document = json.loads(body)
+        except ValueError as exc:  # UnicodeDecodeError too
+            raise self._broken(url, what, f"it is not JSON ({exc})") from None
+        if not isinstance(document, dict):
+            raise self._broken(url, what, f"it is a JSON {type(document).__name__}, not an object")
+        return document
+
+    def _broken(self, url: str, what: str, problem: str) -> SourceError:
+        hint = (
+            "check that STORAGE_EMULATOR_HOST points at a Cloud Storage emulator"
+            if self._signer.emulator
+            else "a proxy or captive portal may stand between; check the network path"
+        )
+        return SourceError(
+            f"{redact(url)}: the {what} that {self._signer.endpoint} sent is not Cloud "
+            f"Storage's: {problem}; {hint}"
+        )
 
     async def list_dir(self, url: str) -> list[str] | None:
         await self._signer.setup()
@@ -206,11 +224,17 @@ class GcsSource(Source):
                 url,
                 f"{self._api(bucket)}?{urlencode(params)}",
                 f"{url}: bucket {bucket!r} does not exist at {self._signer.endpoint}",
+                "listing",
             )
-            names += [
-                i["name"][len(prefix) :] for i in page.get("items", []) if i["name"] != prefix
-            ]
+            items = page.get("items", [])
+            if not isinstance(items, list) or not all(
+                isinstance(i, dict) and isinstance(i.get("name"), str) for i in items
+            ):
+                raise self._broken(url, "listing", "its items are not objects with a name")
+            names += [i["name"][len(prefix) :] for i in items if i["name"] != prefix]
             token = page.get("nextPageToken")
+            if token is not None and not isinstance(token, str):
+                raise self._broken(url, "listing", "its nextPageToken is not a string")
             if not token:
                 return listed(names, key)
 
@@ -223,8 +247,11 @@ class GcsSource(Source):
             url,
             self._api(bucket, key) + "?fields=generation,size",
             f"{url} does not exist at {self._signer.endpoint}; check the bucket and object name",
+            "object metadata",
         )
-        generation = str(meta["generation"])
+        generation = str(meta.get("generation", ""))
+        if not (generation.isascii() and generation.isdigit()):
+            raise self._broken(url, "object metadata", "it gives no generation number")
         fetch_url = (
             self._api(bucket, key, download=True)
             + "?"

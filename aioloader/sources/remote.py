@@ -9,11 +9,12 @@ read as one sequential stream, with a warning.
 from __future__ import annotations
 
 import logging
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from urllib.parse import urlparse
 
 from ..config import HttpOptions
-from ..errors import NotFoundError
+from ..errors import NotFoundError, SourceError
 from ..throttle import LimiterStatistics
 from .blob import HttpBlob
 from .retry import Retrier, RetryableError
@@ -21,7 +22,7 @@ from .rules import PROBE_SIZE, check_encoding, size_of, strong_etag
 from .signer import Signer
 from .transport import HttpTransport, retryable, transport_errors
 
-__all__ = ["RemoteStore", "listed", "prefix_to_list"]
+__all__ = ["RemoteStore", "broken_listing", "listed", "prefix_to_list", "xml_listing"]
 
 logger = logging.getLogger("aioloader")
 
@@ -134,3 +135,27 @@ def listed(names: list[str], key: str) -> list[str] | None:
     if not names and key and not key.endswith("/"):
         return None
     return sorted(names)
+
+
+def broken_listing(url: str, endpoint: str, problem: str) -> SourceError:
+    """The error for a listing page that is not the store's: what is wrong, and where."""
+    return SourceError(
+        f"{url}: the listing that {endpoint} sent is not a storage listing: {problem}; check "
+        "that the endpoint is the object store (a proxy or login page may answer instead)"
+    )
+
+
+def xml_listing(url: str, endpoint: str, body: bytes, root: str) -> ET.Element:
+    """A listing page parsed as XML whose root element is ``root`` (any namespace).
+
+    Raises:
+        SourceError: it is not XML, or not such a document.
+    """
+    try:
+        document = ET.fromstring(body)
+    except ET.ParseError as exc:
+        raise broken_listing(url, endpoint, f"it is not XML ({exc})") from None
+    if document.tag.rpartition("}")[2] != root:
+        tag = document.tag.rpartition("}")[2][:50]
+        raise broken_listing(url, endpoint, f"its root element is <{tag}>, not <{root}>")
+    return document

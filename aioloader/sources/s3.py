@@ -8,7 +8,6 @@ an object was uploaded with.
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from functools import partial
 from urllib.parse import quote, urlencode, urlparse
 
@@ -16,7 +15,7 @@ from ..config import HttpOptions, S3Options
 from ..errors import ConfigError, NotFoundError
 from ..throttle import LimiterStatistics
 from .base import Blob, Source
-from .remote import RemoteStore, listed, prefix_to_list
+from .remote import RemoteStore, broken_listing, listed, prefix_to_list, xml_listing
 from .retry import RetryableError
 from .s3_signer import S3_NAMESPACE, S3Signer, xml_text
 from .transport import transport_errors
@@ -134,9 +133,11 @@ class S3Source(Source):
                     f"the endpoint {self._signer.endpoint}"
                 ),
             )
-            root = ET.fromstring(body)
-            for item in root.iter(S3_NAMESPACE + "Contents"):
-                name = xml_text(item, "Key") or ""
+            root = xml_listing(url, self._signer.endpoint, body, "ListBucketResult")
+            for item in [*root.iter(S3_NAMESPACE + "Contents"), *root.iter("Contents")]:
+                name = xml_text(item, "Key")
+                if not name:
+                    raise broken_listing(url, self._signer.endpoint, "a <Contents> has no <Key>")
                 if name.startswith(prefix) and name != prefix:
                     names.append(name[len(prefix) :])
             truncated = (xml_text(root, "IsTruncated") or "false").lower() == "true"
