@@ -14,21 +14,30 @@ actors, node-affinity scheduling and the object store.
 * ``load_shared(url)`` gives an actor the model's tensors from a holder actor on
   its own node, which loaded them once into Ray's object store: N replicas on a
   node read the model once and map the same host memory (zero-copy, read-only).
+  A holder serves one URL with one set of options (selection, rows, credentials,
+  limits): callers that ask differently get holders of their own, named after a
+  digest of what they asked, so no secret shows in an actor's name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import json
+import os
 import socket
+import string
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from .errors import ConfigError
 
 __all__ = ["NodePreload", "load_shared", "preload", "release_shared"]
 
@@ -84,8 +93,38 @@ class _Preloader:
         }
 
 
+_FIELDS = ("node_id", "node_ip")
+
+
+def check_cache_dir(cache_dir: object) -> str:
+    """``cache_dir`` if it is a folder template ``preload`` can fill: text whose only
+    fields are ``{node_id}`` and ``{node_ip}`` (``{{`` and ``}}`` for braces).
+
+    Raises:
+        ConfigError: naming the template and what is wrong with it.
+    """
+    if not isinstance(cache_dir, str | os.PathLike):
+        raise ConfigError(f"cache_dir must be a folder path, got {cache_dir!r}")
+    template = os.fspath(cache_dir)
+    if not isinstance(template, str) or not template:
+        raise ConfigError(f"cache_dir must be a non-empty folder path, got {cache_dir!r}")
+    hint = "; the only fields are {node_id} and {node_ip} (write {{ and }} for braces)"
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConfigError(f"cache_dir {template!r}: {exc}{hint}") from None
+    for _text, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if name not in _FIELDS or spec or conversion:
+            shown = "{" + name + (f"!{conversion}" if conversion else "")
+            shown += (f":{spec}" if spec else "") + "}"
+            raise ConfigError(f"cache_dir {template!r}: {shown} cannot be filled in{hint}")
+    return template
+
+
 def _cache_dir_for(cache_dir: str, node: dict[str, Any]) -> str:
-    """``cache_dir`` with ``{node_id}`` and ``{node_ip}`` filled in for ``node``."""
+    """``cache_dir`` (checked by ``check_cache_dir``) filled in for ``node``."""
     return cache_dir.format(node_id=node["NodeID"], node_ip=node["NodeManagerAddress"])
 
 
@@ -112,6 +151,7 @@ def preload(
         One NodePreload per node, in the order of ``nodes`` (or Ray's); a node that
         failed has ``error`` set, and the others are reported as they are.
     """
+    cache_dir = check_cache_dir(cache_dir)
     if not ray.is_initialized():
         ray.init()
     url_list = [urls] if isinstance(urls, str) else list(urls)
@@ -196,27 +236,84 @@ def torch_uint8() -> Any:
     return torch.uint8
 
 
-def _holder_name(url: str, node_id: str) -> str:
-    return f"aioloader-shared-{node_id[:16]}-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
+def _canonical(value: Any, where: str) -> Any:
+    """``value`` as plain JSON data that is equal for equal options, or ConfigError."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, bytes):
+        return {"bytes": value.hex()}
+    if isinstance(value, os.PathLike):
+        return {"path": os.fspath(value)}
+    if isinstance(value, Mapping):
+        items = [(str(k), _canonical(v, f"{where}[{k!r}]")) for k, v in value.items()]
+        return {"map": sorted(items)}
+    if isinstance(value, list | tuple):
+        return [_canonical(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, set | frozenset):
+        members = [_canonical(v, where) for v in value]
+        return {"set": sorted(members, key=lambda m: json.dumps(m, sort_keys=True))}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # The dataclass's own equality: the fields it compares (HttpOptions leaves out its
+        # url_policy, Limits the container's measured memory).
+        fields = {
+            f.name: _canonical(getattr(value, f.name), f"{where}.{f.name}")
+            for f in dataclasses.fields(value)
+            if f.compare
+        }
+        return {type(value).__qualname__: fields}
+    kind = type(value)
+    if kind.__module__ == "torch" and kind.__name__ in ("device", "dtype"):
+        return {kind.__name__: str(value)}
+    what = "a function" if callable(value) else f"a {kind.__name__}"
+    raise ConfigError(
+        f"load_shared: {where} is {what}, which cannot tell one caller's request from "
+        "another's, so the node's holder could hand out tensors loaded for someone else; "
+        "pass plain values (tensors= as a list of names, rows= as {name: (start, stop)}, "
+        "cache_dir= as a path)"
+    )
+
+
+def _holder_key(url: str, options: Mapping[str, Any]) -> str:
+    """A digest of the URL and every option: no secret (a header, a profile) in clear."""
+    if "group" in options:
+        raise ConfigError(
+            "load_shared: group= does not apply: the node's holder loads the model alone"
+        )
+    plain = {"url": url, "options": _canonical(dict(options), "options")}
+    text = json.dumps(plain, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=12, person=b"aioloader-hold").hexdigest()
+
+
+def _holder_name(key: str, node_id: str) -> str:
+    return f"aioloader-shared-{node_id[:16]}-{key}"
 
 
 async def load_shared(url: str, **options: Any) -> dict[str, Any]:
     """The tensors of ``url`` from the object store of this node, loaded once per node.
 
-    The first caller on a node starts a holder actor there (named after the node and
-    the URL, so every caller on the node finds the same one), which loads the model
-    with ``load_model(url, **options)`` and puts each tensor into Ray's object store;
+    The first caller on a node starts a holder actor there, named after the node and
+    a digest of the URL and ``options``, so that every caller on the node asking the
+    same finds the same one, and a caller asking otherwise (other ``tensors=`` or
+    ``rows=``, other credentials) gets its own. The holder loads the model with
+    ``load_model(url, **options)`` and puts each tensor into Ray's object store;
     every caller then maps those objects: zero-copy, one copy of host memory per node.
+
+    ``options`` must be plain values that say what is asked: a function (a
+    ``tensors=`` predicate, ``split_rows``) cannot, and is refused; so is ``group=``.
 
     Returns:
         ``{name: torch.Tensor}``, read-only: they are views of shared memory (writing
         into one fails). Clone a tensor to change it.
+
+    Raises:
+        ConfigError: an option is not a plain value (before any actor starts).
     """
     import torch
 
+    key = _holder_key(url, options)
     node_id = ray.get_runtime_context().get_node_id()
     holder = _Holder.options(  # type: ignore[attr-defined]
-        name=_holder_name(url, node_id),
+        name=_holder_name(key, node_id),
         namespace="aioloader",
         get_if_exists=True,
         lifetime="detached",
@@ -236,14 +333,16 @@ async def load_shared(url: str, **options: Any) -> dict[str, Any]:
     return tensors
 
 
-def release_shared(url: str, nodes: Sequence[str] | None = None) -> int:
-    """Stop the holders of ``url`` (on ``nodes``, default all): their objects are freed
-    once no actor holds a tensor of them. Returns how many were stopped."""
+def release_shared(url: str, nodes: Sequence[str] | None = None, **options: Any) -> int:
+    """Stop the holders of ``url`` loaded with ``options`` (the same as given to
+    ``load_shared``), on ``nodes`` (default all): their objects are freed once no
+    actor holds a tensor of them. Returns how many were stopped."""
     stopped = 0
+    key = _holder_key(url, options)
     node_ids = list(nodes) if nodes is not None else [n["NodeID"] for n in ray.nodes()]
     for node_id in node_ids:
         try:
-            holder = ray.get_actor(_holder_name(url, node_id), namespace="aioloader")
+            holder = ray.get_actor(_holder_name(key, node_id), namespace="aioloader")
         except ValueError:
             continue
         ray.kill(holder)

@@ -153,6 +153,13 @@ class Replica:
             "memory": _memory(),
         }
 
+    async def shared_with(self, url: str, options: dict[str, Any]) -> dict[str, Any]:
+        try:
+            tensors = await load_shared(url, cache_dir=False, **options)
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"digests": {n: _digest(t) for n, t in tensors.items()}}
+
     async def alone(self, url: str) -> dict[str, Any]:
         self.tensors = await aioloader.load_model(url, cache_dir=False)
         return {"memory": _memory()}
@@ -238,3 +245,95 @@ def test_replicas_on_a_node_share_one_host_copy(
         assert max(uss_shared) + size // 2048 < min(uss_alone), (uss_shared, uss_alone)
     finally:
         release_shared(url)
+
+
+def test_load_shared_serves_each_caller_what_it_asked(
+    cluster: dict[str, Any], http_server: FaultyHttpServer
+) -> None:
+    """Callers on one node with other tensors=, rows= or credentials get their own
+    holder, never the tensors loaded for the first caller; no secret names an actor."""
+    from safetensors.torch import load_file
+
+    files = model(http_server.root / "m", megabytes=4, seed=5)
+    url = http_server.url_for("m/model.safetensors.index.json")
+    reference = {k: v for path in files for k, v in load_file(path).items()}
+    secret = "Bearer hunter2-token"
+    http_server.require_header("Authorization", secret)
+    good = {"headers": {"Authorization": secret}}
+    asks: list[dict[str, Any]] = [
+        {**good, "tensors": ["w.000"]},
+        {**good, "tensors": ["w.001", "bf16"]},
+        {**good, "rows": {"w.002": (10, 20)}},
+        good,
+        {"headers": {"Authorization": "Bearer wrong"}},
+        {},
+    ]
+    pinned = NodeAffinitySchedulingStrategy(alive_nodes()[2], soft=False)
+    replica = Replica.options(scheduling_strategy=pinned).remote()
+    try:
+        got = [ray.get(replica.shared_with.remote(url, ask), timeout=120) for ask in asks]
+        want = {n: _digest(t) for n, t in reference.items()}
+        assert got[0] == {"digests": {"w.000": want["w.000"]}}
+        assert got[1] == {"digests": {"w.001": want["w.001"], "bf16": want["bf16"]}}
+        assert got[2] == {"digests": {**want, "w.002": _digest(reference["w.002"][10:20])}}
+        assert got[3] == {"digests": want}
+        # Without the right credentials the store refuses, whoever loaded it before.
+        assert "AccessDeniedError" in got[4].get("error", ""), got[4]
+        assert "AccessDeniedError" in got[5].get("error", ""), got[5]
+        names = ray.util.list_named_actors(all_namespaces=True)
+        assert not any("hunter2" in str(entry) for entry in names), names
+    finally:
+        for ask in asks:
+            release_shared(url, **ask)
+        ray.kill(replica)
+        http_server.require_header("Authorization", None)
+
+
+def test_load_shared_refuses_options_it_cannot_tell_apart(cluster: dict[str, Any]) -> None:
+    import asyncio
+
+    from aioloader import ConfigError, split_rows
+
+    before = ray.util.list_named_actors(all_namespaces=True)
+    url = "http://127.0.0.1:9/m.safetensors"  # never reached: refused first
+    for options in (
+        {"tensors": lambda name: name.startswith("w.")},
+        {"rows": split_rows(0, 2)},
+        {"group": object()},
+        {"cache_dir": object()},
+    ):
+        with pytest.raises(ConfigError, match="load_shared"):
+            asyncio.run(load_shared(url, **options))
+        with pytest.raises(ConfigError, match="load_shared"):
+            release_shared(url, **options)
+    assert ray.util.list_named_actors(all_namespaces=True) == before
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "/c/{node}", "/c/{0}", "/c/{}", "/c/{node_id.__class__}", "/c/{node_id[0]}",
+        "/c/{node_id!r}", "/c/{node_ip:>40}", "/c/{", "/c/}", "/c/{node_id", "",
+    ],
+)  # fmt: skip
+def test_preload_refuses_a_cache_dir_template_it_cannot_fill(
+    cluster: dict[str, Any], template: str
+) -> None:
+    from aioloader import ConfigError
+
+    with pytest.raises(ConfigError, match="cache_dir") as info:
+        preload("http://127.0.0.1:9/m.safetensors", cache_dir=template, timeout=1)
+    assert "{node_id}" in str(info.value) or not template
+
+
+def test_cache_dir_templates_that_are_filled() -> None:
+    from aioloader.ray import _cache_dir_for, check_cache_dir
+
+    node = {"NodeID": "abc", "NodeManagerAddress": "10.0.0.7"}
+    for template, want in [
+        ("/c/{node_id}/{node_ip}", "/c/abc/10.0.0.7"),
+        ("/c/{{literal}}-{node_id}", "/c/{literal}-abc"),
+        ("/c/plain", "/c/plain"),
+    ]:
+        assert _cache_dir_for(check_cache_dir(template), node) == want
+    assert check_cache_dir(Path("/c/{node_id}")) == "/c/{node_id}"
