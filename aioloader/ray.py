@@ -37,6 +37,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .config import MAX_SECONDS, check_number
 from .errors import ConfigError
 
 __all__ = ["NodePreload", "load_shared", "preload", "release_shared"]
@@ -152,6 +153,10 @@ def preload(
         failed has ``error`` set, and the others are reported as they are.
     """
     cache_dir = check_cache_dir(cache_dir)
+    if concurrency is not None:
+        check_number("concurrency", concurrency, integer=True, positive=True)
+    if timeout is not None:
+        check_number("timeout", timeout, maximum=MAX_SECONDS)
     if not ray.is_initialized():
         ray.init()
     url_list = [urls] if isinstance(urls, str) else list(urls)

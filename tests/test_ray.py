@@ -337,3 +337,14 @@ def test_cache_dir_templates_that_are_filled() -> None:
     ]:
         assert _cache_dir_for(check_cache_dir(template), node) == want
     assert check_cache_dir(Path("/c/{node_id}")) == "/c/{node_id}"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"timeout": float("nan")}, {"timeout": -1}, {"concurrency": 0}, {"concurrency": True}],
+)
+def test_preload_refuses_unusable_numbers(cluster: dict[str, Any], options: Any) -> None:
+    from aioloader import ConfigError
+
+    with pytest.raises(ConfigError, match=next(iter(options))):
+        preload("http://127.0.0.1:9/m.safetensors", cache_dir="/c/{node_id}", **options)
