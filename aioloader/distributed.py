@@ -164,6 +164,8 @@ class Exchange:
         """This rank stops: its next broadcast tells the others (thread-safe)."""
         if self._failure is None:
             self._failure = reason[:_MESSAGE]
+        for event in self._landed.values():  # wakes the broadcast waiting for a read
+            event.set()
 
     def units(self) -> list[list[int]]:
         """Runs of read indexes broadcast together: neighbours in one span with one owner,
@@ -228,10 +230,8 @@ class Exchange:
                 owner = self.owners[unit[0]]
                 source = self._global[owner]
                 if owner == self.rank:
-                    events = [self._landed[i] for i in unit]
-                    for event in events:
-                        while not event.wait(0.05) and self._failure is None:
-                            pass
+                    for i in unit:  # set when the read lands, or when this rank fails
+                        self._landed[i].wait()
                     status.zero_()
                     if self._failure is None:
                         status[0] = _OK
@@ -265,9 +265,15 @@ class Exchange:
 
 
 async def run_exchange(
-    ex: Exchange, allocations: Mapping[Span, Any], landed: Callable[[Read], None]
+    ex: Exchange,
+    allocations: Mapping[Span, Any],
+    landed: Callable[[Read], None],
+    keep: Callable[[Read, memoryview], None] | None = None,
 ) -> None:
     """Run ``ex``'s broadcasts in a thread; ``landed`` hears of each read received.
+
+    ``keep`` (if given) sees each received read's bytes first, in the exchange's thread,
+    before its tensors are handed out: e.g. to write them into the node cache.
 
     When this load fails or is cancelled meanwhile, the thread is told to stop: its
     next broadcast tells the other ranks, and it is waited for before this returns.
@@ -279,6 +285,8 @@ async def run_exchange(
         return memoryview(array[start - span.start : end - span.start])
 
     def received(read: Read) -> None:
+        if keep is not None:
+            keep(read, buffer_of(read.span, read.start, read.end))
         loop.call_soon_threadsafe(landed, read)
 
     future = loop.run_in_executor(None, lambda: ex.run(buffer_of, received))

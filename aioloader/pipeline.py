@@ -235,6 +235,7 @@ class Load:
         self.copying: asyncio.Queue[Staged] = asyncio.Queue()
         self.copy_seconds = 0.0
         self.own_bytes = 0  # with a group: the bytes this rank reads itself
+        self._keep_failed = False  # with a group: a blob refused what other ranks sent
         self._copy_free_at = 0.0
         self.started = time.perf_counter()
         self.header_done = self.read_started = self.last_read_done = self.started
@@ -323,7 +324,7 @@ class Load:
         if self.device.copies:
             workers.append(self._completer(len(reads)))
         if self.exchange is not None:
-            workers.append(run_exchange(self.exchange, self.allocations, self._landed))
+            workers.append(run_exchange(self.exchange, self.allocations, self._landed, self._keep))
         try:
             await gather(workers)
         finally:
@@ -379,6 +380,21 @@ class Load:
             self.copy_seconds += done - max(submitted, self._copy_free_at)
             self._copy_free_at = done
             self._landed(staged.read)
+
+    def _keep(self, read: Read, data: memoryview) -> None:
+        """A read another rank sent: offer its bytes to the file's blob, as if read here
+        (the node cache writes them, so an entry completes though this rank read only
+        its share). Runs in the exchange's thread; never fails the load."""
+        blob = self.blobs[read.span.file]
+        received = getattr(blob, "received", None)
+        if received is None or self._keep_failed:
+            return
+        try:
+            received(read.start, [data])
+        except Exception as exc:
+            # The other ranks wait for this one's next broadcast: the load goes on.
+            self._keep_failed = True
+            logger.warning("%s: not keeping the bytes other ranks sent: %s", read.url, exc)
 
     def _landed(self, read: Read) -> None:
         """Hand out every tensor of ``read`` whose last byte is now in place."""

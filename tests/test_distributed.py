@@ -48,7 +48,7 @@ def rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: str) -
         os.environ[key] = value
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=TIMEOUT),
+        timeout=datetime.timedelta(seconds=job.get("group_timeout", TIMEOUT)),
     )  # fmt: skip
     result: dict[str, Any] = {"rank": rank}
     started = time.monotonic()
@@ -98,7 +98,13 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def run_ranks(world: int, job: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
+def run_ranks(
+    world: int, job: dict[str, Any], tmp: Path, deadline: float = 120
+) -> list[dict[str, Any]]:
+    """Run ``job`` on ``world`` ranks; fail the test if they are not all done within
+    ``deadline`` seconds (killing them), e.g. well before the group's timeout."""
+    for old in tmp.glob("rank*.json"):
+        old.unlink()
     port = free_port()
     context = multiprocessing.get_context("spawn")
     procs = [
@@ -107,11 +113,16 @@ def run_ranks(world: int, job: dict[str, Any], tmp: Path) -> list[dict[str, Any]
     ]
     for proc in procs:
         proc.start()
+    until = time.monotonic() + deadline
     for proc in procs:
-        proc.join(120)
+        proc.join(max(0.0, until - time.monotonic()))
+    hung = [rank for rank, proc in enumerate(procs) if proc.is_alive()]
+    for proc in procs:
         if proc.is_alive():
             proc.kill()
-            pytest.fail("a rank hung")
+            proc.join()
+    if hung:
+        pytest.fail(f"rank(s) {hung} of {world} hung for {deadline} s")
     results = []
     for rank in range(world):
         path = tmp / f"rank{rank}.json"

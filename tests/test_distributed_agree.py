@@ -188,11 +188,13 @@ def test_ranks_loading_two_copies_with_the_same_tensors_all_fail(tmp_path: Path)
     assert "its tensors differ" not in str(results[0]["error"])
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["uncached", "cold-cache"])
 def test_ranks_served_two_versions_of_an_http_model_all_fail_naming_the_etags(
-    tmp_path: Path,
+    tmp_path: Path, cached: bool
 ) -> None:
     """Two edges of one CDN mid-rollout: each serves its own version consistently (so
-    If-Match never fails), with the same names, dtypes and shapes."""
+    If-Match never fails), with the same names, dtypes and shapes. Through the node
+    cache too, whose blobs carry the version they were opened at."""
     with (
         FaultyHttpServer(tmp_path / "edge-a") as a,
         FaultyHttpServer(tmp_path / "edge-b") as b,
@@ -206,7 +208,10 @@ def test_ranks_served_two_versions_of_an_http_model_all_fail_naming_the_etags(
             "url": a.url_for("m/model.safetensors.index.json"),
             "urls": {"1": b.url_for("m/model.safetensors.index.json")},
             "files": [str(p) for p in files],
-            "loader": {"chunk_size": "128KiB", "cache_dir": False},
+            "loader": {
+                "chunk_size": "128KiB",
+                "cache_dir": str(tmp_path / "cache") if cached else False,
+            },
         }
         results = run_ranks(2, job, tmp_path)
     failed_named(

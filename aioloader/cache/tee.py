@@ -66,9 +66,18 @@ _writers = SharedPool(8, "aioloader-cache-write")
 class _LocalBlob(Blob):
     """A complete entry's data, read under the remote URL while holding its ``use`` lock."""
 
-    def __init__(self, source: CachingSource, url: str, local: Blob, use: FileLock | None) -> None:
+    def __init__(
+        self,
+        source: CachingSource,
+        url: str,
+        local: Blob,
+        use: FileLock | None,
+        version: Version,
+    ) -> None:
         self.url = url
         self.size = local.size
+        self.etag = version.etag  # the version, for the ranks of a group
+        self.last_modified = version.last_modified
         self._source = source
         self._local = local
         self._use = use
@@ -114,6 +123,8 @@ class _TeeBlob(Blob):
     ) -> None:
         self.url = remote.url
         self.size = remote.size
+        self.etag = getattr(remote, "etag", None)  # the version, for the ranks of a group
+        self.last_modified = getattr(remote, "last_modified", None)
         self._source = source
         self._remote = remote
         self._partial: PartialFile | None = partial
@@ -169,6 +180,20 @@ class _TeeBlob(Blob):
             # The bytes are in the caller's buffers already: only the cache gives up.
             self._partial = None
             self._source.cache.warn_uncached(exc, self.url)
+
+    def received(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        """Bytes of this file that reached the caller another way (another rank of a
+        ``group=`` load sent them): cached as if read here, so that the entry completes
+        though this process read only its share. They are the caller's tensors, which
+        stay alive until written, like ``write_after``'s. Blocking (takes their digest)
+        and safe beside reads: called from the exchange's thread."""
+        partial = self._partial
+        if partial is None or self._closed:
+            return
+        views = clip(buffers, self.size - offset)
+        end = offset + sum(v.nbytes for v in views)
+        if end > offset and not partial.covers(offset, end):
+            self._queued.append((offset, views, range_digest(views)))
 
     def _write_queued(
         self, partial: PartialFile, offset: int, views: list[memoryview], digest: str
@@ -369,7 +394,7 @@ class CachingSource(Source):
                 use.release()
             raise
         self.cache.record(hit=True)
-        return _LocalBlob(self, url, local, use)
+        return _LocalBlob(self, url, local, use, version)
 
     async def _hold(self, url: str, files: EntryFiles) -> FileLock | None:
         """The entry's ``use`` lock (shared); None in a cache this process cannot write.
