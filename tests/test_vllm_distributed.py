@@ -1,0 +1,121 @@
+"""``"distributed": true`` in vLLM: the ranks of vLLM's world group share one read.
+
+A two-rank vLLM engine (tensor parallel 2) on a 2-CPU machine without GPUs is out
+of reach, so this runs what such an engine's workers run, as close to it as the
+machine allows: two real processes in .venv-vllm each set up vLLM's distributed
+environment over gloo (``init_distributed_environment``, which makes the world
+group and its CPU group as a worker does), take the loader vLLM has registered for
+``--load-format aioloader`` and call its ``load_weights`` (tests/vllm_rank.py).
+Not covered: vLLM's engine creating the group itself, and a model's own
+``load_weights`` splitting the tensors among tensor-parallel ranks.
+
+Each rank's parameters must equal ``safetensors``' reading bit for bit, and the
+weights server must have sent the checkpoint about once, not once per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from .helpers import write_sharded
+from .servers import FaultyHttpServer
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+RANK = Path(__file__).with_name("vllm_rank.py")
+
+pytestmark = pytest.mark.skipif(
+    not VLLM_PYTHON.exists(), reason="no .venv-vllm (run scripts/vllm_setup.sh)"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def env() -> dict[str, str]:
+    out = dict(os.environ)
+    out.update(
+        VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_HOST_IP="127.0.0.1",
+        PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1", GLOO_SOCKET_IFNAME="lo",
+    )  # fmt: skip
+    out.pop("PYTEST_CURRENT_TEST", None)
+    return out
+
+
+def run_ranks(tmp: Path, world: int, extra: dict[str, Any], files: list[Path]) -> list[Any]:
+    """Start ``world`` ranks (one with ``world=0``: no distributed setup) and wait for all."""
+    port = free_port()
+    procs = []
+    for rank in range(max(world, 1)):
+        spec = {"rank": rank, "world": world, "port": port, "extra": extra,
+                "files": [str(f) for f in files]}  # fmt: skip
+        (tmp / f"spec{rank}.json").write_text(json.dumps(spec))
+        log = (tmp / f"rank{rank}.log").open("wb")
+        args = [
+            str(VLLM_PYTHON),
+            str(RANK),
+            str(tmp / f"spec{rank}.json"),
+            str(tmp / f"out{rank}.json"),
+        ]
+        procs.append((subprocess.Popen(args, stdout=log, stderr=log, env=env(), cwd=tmp), log))
+    results = []
+    try:
+        for rank, (proc, log) in enumerate(procs):
+            code = proc.wait(timeout=300)
+            log.close()
+            text = (tmp / f"rank{rank}.log").read_text(errors="replace")
+            assert code == 0, text[-5000:]
+            results.append(json.loads((tmp / f"out{rank}.json").read_text()))
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    return results
+
+
+def checkpoint(folder: Path) -> tuple[list[Path], int]:
+    gen = torch.Generator().manual_seed(7)
+    tensors = {f"w{i:02d}": torch.randn(256 * 1024, generator=gen) for i in range(8)}
+    tensors["bf16"] = torch.randn(4096, generator=gen).to(torch.bfloat16)
+    index = write_sharded(folder, tensors, shards=4)
+    files = sorted(index.parent.glob("*.safetensors"))
+    return files, sum(f.stat().st_size for f in files)
+
+
+@pytest.mark.timeout(600)
+def test_two_ranks_read_the_checkpoint_once(http_server: FaultyHttpServer, tmp_path: Path) -> None:
+    files, size = checkpoint(http_server.root / "m")
+    url = http_server.url_for("m/model.safetensors.index.json")
+    http_server.reset_counters()
+    extra = {"url": url, "distributed": True, "concurrency": 2, "chunk_size": "1MiB"}
+    results = run_ranks(tmp_path, 2, extra, files)
+    for result in results:
+        assert result["ok"], result.get("traceback")
+        assert result["world_size"] == 2
+        assert result["mismatched"] == []
+    # One checkpoint's bytes, plus the header probes every rank makes of every file.
+    assert size <= http_server.bytes_sent < 1.5 * size, (http_server.bytes_sent, size)
+
+
+@pytest.mark.timeout(600)
+def test_without_the_world_group_distributed_is_refused(
+    http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    files, _ = checkpoint(http_server.root / "m")
+    url = http_server.url_for("m/model.safetensors.index.json")
+    [result] = run_ranks(tmp_path, 0, {"url": url, "distributed": True}, files)
+    assert not result["ok"]
+    assert "ConfigError" in result["error"] and '"distributed": true' in result["error"]
