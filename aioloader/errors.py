@@ -71,7 +71,8 @@ class AccessDeniedError(SourceError, PermissionError):
 
 
 class ObjectChangedError(SourceError):
-    """A remote object changed (new ETag or size) after the load started.
+    """A remote object (new ETag or size) or a local file (new size, inode or times)
+    changed after the load started.
 
     Tensors from two versions of a file are never mixed: the load fails instead.
     """

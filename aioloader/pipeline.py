@@ -275,6 +275,8 @@ class Load:
                     len(own),
                 )
             await self._transfer(own)
+            # A file rewritten in place mid-load would hand out a mix of two versions.
+            await gather(self.blobs[i].check_unchanged() for i in {r.span.file for r in own})
         return self._report(len(headers), len(plan.chosen))
 
     def _plan(self, headers: Sequence[FileHeader]) -> _Plan:

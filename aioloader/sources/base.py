@@ -31,6 +31,10 @@ class Blob(ABC):
         copy. Either every buffer is filled or an error is raised.
         """
 
+    async def check_unchanged(self) -> None:  # noqa: B027 - optional hook
+        """Raise ``ObjectChangedError`` if the file is no longer the version that was
+        opened; called after its last read. Here: nothing to check."""
+
     @abstractmethod
     async def aclose(self) -> None:
         """Release the handle; idempotent."""

@@ -27,11 +27,18 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
 from .._threads import run_blocking
-from ..errors import AccessDeniedError, ClosedError, NotFoundError, ReadError, SourceError
+from ..errors import (
+    AccessDeniedError,
+    ClosedError,
+    NotFoundError,
+    ObjectChangedError,
+    ReadError,
+    SourceError,
+)
 from ..plan import ALIGNMENT
 from .base import Blob, Source
 
@@ -82,12 +89,14 @@ class FileBlob(Blob):
     def __init__(
         self,
         url: str,
-        opened: tuple[int, int | None, _PageCache | None, int],
+        opened: _Opened,
         pools: _Pools,
     ) -> None:
-        fd, direct, cache, size = opened
+        fd, direct, cache, stamp = opened
         self.url = url
-        self.size = size
+        self.size = stamp.size
+        self._path = to_path(url)
+        self._stamp = stamp
         self._fd: int | None = fd
         self._direct_fd = direct
         self._cache = cache
@@ -157,10 +166,27 @@ class FileBlob(Blob):
                 end=end,
             ) from exc
 
+    async def check_unchanged(self) -> None:
+        """Raise ObjectChangedError if the file is not the version that was opened: its
+        size, modification or change time moved, or its path names another file now."""
+        fd = self._require_fd()
+        path, stamp = self._path, self._stamp
+        try:
+            found = await run_blocking(self._pools.warm, lambda: _changes(fd, path, stamp))
+        except OSError as exc:
+            raise _translate(exc, self.url, "checking") from exc
+        if found:
+            raise ObjectChangedError(
+                f"{self.url} changed during the load: {found}. Its tensors could mix bytes "
+                "of two versions, so the load fails instead: load it again once nothing "
+                "writes to it (replace model files by renaming a complete new file over "
+                "them, between loads)"
+            )
+
     async def aclose(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            _close_all((fd, self._direct_fd, self._cache, self.size))
+            _close_all((fd, self._direct_fd, self._cache, self._stamp))
             self._direct_fd = self._cache = None
 
 
@@ -243,34 +269,129 @@ def _fill(fd: int, buffer: memoryview, offset: int, need: int) -> int:
     return got
 
 
-def _open(path: str) -> tuple[int, int | None, _PageCache | None, int]:
-    global _libc
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    direct = cache = None
+class _Stamp(NamedTuple):
+    """What identifies one version of a file: which inode, its size and its last change."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, info: os.stat_result) -> _Stamp:
+        return cls(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+    def same_file(self, other: _Stamp) -> bool:
+        return (self.dev, self.ino) == (other.dev, other.ino)
+
+    def differences(self, now: _Stamp) -> str:
+        """What changed from this stamp to ``now``, in words ("" when nothing did)."""
+        if not self.same_file(now):
+            return "the path now names another file (it was replaced, e.g. renamed over)"
+        changes = []
+        if now.size != self.size:
+            changes.append(f"its size went from {self.size} to {now.size} bytes")
+        if now.mtime_ns != self.mtime_ns:
+            changes.append("it was written to (new modification time)")
+        elif now.ctime_ns != self.ctime_ns:
+            changes.append("its status changed (new change time: a write, chmod or new link)")
+        return ", ".join(changes)
+
+
+#: An open file: its descriptor, an O_DIRECT one, its page-cache probe, its version.
+_Opened = tuple[int, int | None, "_PageCache | None", _Stamp]
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a named pipe (FIFO)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _require_regular(info: os.stat_result, url: str) -> None:
+    """Refuse anything but a regular file: a FIFO's open or read would wait for a
+    writer forever, and a device has no fixed size to check a header against."""
+    if stat.S_ISREG(info.st_mode):
+        return
+    kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
+    if stat.S_ISDIR(info.st_mode):
+        raise SourceError(f"{url} is a directory where a file was expected")
+    raise SourceError(
+        f"{url} is {kind}, not a regular file; aioloader reads only regular files (or "
+        "symlinks to them), whose size is known and which can be read at any offset: "
+        "give the path of the .safetensors file itself"
+    )
+
+
+def _open_checked(path: str, url: str, flags: int, expected: _Stamp) -> tuple[int, _Stamp]:
+    """Open ``path`` without blocking and check that it is still the file ``expected``
+    describes: it could have been swapped (for a FIFO, too) since it was looked at."""
+    fd = os.open(path, flags | os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        _require_regular(info, url)
+        stamp = _Stamp.of(info)
+        if not stamp.same_file(expected):
+            raise ObjectChangedError(
+                f"{url} was replaced by another file while it was being opened; load it "
+                "again once nothing writes to it"
+            )
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, stamp
+
+
+def _open(path: str, url: str) -> _Opened:
+    global _libc
+    # stat (which follows symlinks) before open: opening a FIFO for reading waits for a
+    # writer, in a thread nothing can cancel. O_NONBLOCK covers a swap in between.
+    looked = _Stamp.of(_checked_stat(path, url))
+    fd, stamp = _open_checked(path, url, 0, looked)
+    direct = cache = None
+    try:
         # Reads go in parallel but mostly forward: let the kernel read ahead.
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        if _DIRECT_IO and stat.S_ISREG(info.st_mode) and info.st_size > 0:
+        if _DIRECT_IO and stamp.size > 0:
             if _libc is None:
                 _libc = _load_libc()
             with contextlib.suppress(OSError):
-                cache = _PageCache(fd, info.st_size)
+                cache = _PageCache(fd, stamp.size)
             if cache is not None:
                 try:
-                    direct = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
+                    direct, _ = _open_checked(path, url, os.O_DIRECT, stamp)
                 except OSError:
                     # tmpfs, some FUSE and network file systems: the page cache only.
                     direct = None
     except BaseException:
-        os.close(fd)
+        _close_all((fd, direct, cache, stamp))
         raise
-    return fd, direct, cache, info.st_size
+    return fd, direct, cache, stamp
 
 
-def _close_all(opened: tuple[int, int | None, _PageCache | None, int]) -> None:
+def _checked_stat(path: str, url: str) -> os.stat_result:
+    info = os.stat(path)
+    _require_regular(info, url)
+    return info
+
+
+def _changes(fd: int, path: str, stamp: _Stamp) -> str:
+    """How the file its path names, or the open file, differs from ``stamp`` ("" if not)."""
+    try:
+        named = _Stamp.of(os.stat(path))
+    except FileNotFoundError:
+        return "its path no longer exists (it was removed or renamed)"
+    if not stamp.same_file(named):
+        return stamp.differences(named)
+    # The open file itself: a rename over it also moves its change time (one link less).
+    return stamp.differences(_Stamp.of(os.fstat(fd)))
+
+
+def _close_all(opened: _Opened) -> None:
     fd, direct, cache, _ = opened
     if cache is not None:
         cache.close()
@@ -394,9 +515,7 @@ class FileSource(Source):
         path = to_path(url)
         pools = self._require_pools()
         try:
-            opened = await run_blocking(pools.warm, lambda: _open(path), _close_all)
-        except IsADirectoryError as exc:
-            raise SourceError(f"{url} is a directory where a file was expected") from exc
+            opened = await run_blocking(pools.warm, lambda: _open(path, url), _close_all)
         except OSError as exc:
             raise _translate(exc, url, "opening") from exc
         return FileBlob(url, opened, pools)
