@@ -16,6 +16,11 @@ An allow-list rather than a list of secret names: storage services and CDNs keep
 inventing names for their signatures, and an unknown one must not leak. The URL
 stays readable: scheme, host, path and parameter names are kept as written.
 
+``without_credentials`` names the object a URL points at, whoever signed it: the
+user info and the parameters known to carry a signature or a credential are
+dropped (a deny-list here: an unknown parameter may name the object, and keeping
+it costs at most a second cache entry). The node cache keys its entries by it.
+
 ``redact`` is pure and idempotent. ``RedactingFilter`` applies it to log records;
 it is installed on the ``aioloader`` logger when this module is imported.
 """
@@ -24,9 +29,16 @@ from __future__ import annotations
 
 import logging
 import re
-from urllib.parse import unquote_plus
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
-__all__ = ["PUBLIC_PARAMETERS", "REDACTED", "RedactingFilter", "redact", "redacting_logger"]
+__all__ = [
+    "PUBLIC_PARAMETERS",
+    "REDACTED",
+    "RedactingFilter",
+    "redact",
+    "redacting_logger",
+    "without_credentials",
+]
 
 REDACTED = "REDACTED"
 
@@ -84,6 +96,51 @@ def redact(text: str) -> str:
     if "=" in text:
         text = _PARAMETER.sub(_redact_parameter, text)
     return text
+
+
+_CREDENTIAL_PARAMETERS = frozenset(
+    {
+        # Azure SAS
+        "sv", "ss", "srt", "sp", "se", "st", "spr", "sig", "sr", "si", "sdd", "ses",
+        "skoid", "sktid", "skt", "ske", "sks", "skv", "saoid", "suoid", "scid",
+        # CloudFront, GCS V2 signing
+        "signature", "key-pair-id", "policy", "expires", "googleaccessid",
+        # tokens in query strings
+        "token", "access_token", "auth", "api_key", "apikey",
+    }
+)  # fmt: skip
+_CREDENTIAL_PREFIXES = ("x-amz-", "x-goog-")  # every SigV4 / GCS V4 signing parameter
+
+
+def _is_credential(name: str) -> bool:
+    name = unquote_plus(name).lower()
+    if name in ("x-amz-version-id",):
+        return False
+    return name in _CREDENTIAL_PARAMETERS or name.startswith(_CREDENTIAL_PREFIXES)
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without user info and signing parameters: the object, not the signature.
+
+    A URL that carries neither comes back unchanged; so does text that is not a URL.
+
+    >>> without_credentials("https://u:p@h/m?versionId=3&X-Amz-Signature=ab&X-Amz-Date=1")
+    'https://h/m?versionId=3'
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    netloc = parts.netloc.rpartition("@")[2]
+    kept = [
+        pair
+        for pair in parts.query.split("&")
+        if pair and not _is_credential(pair.partition("=")[0])
+    ]
+    query = "&".join(kept)
+    if netloc == parts.netloc and query == parts.query:
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 class RedactingFilter(logging.Filter):

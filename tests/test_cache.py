@@ -143,6 +143,7 @@ async def test_changed_remote_file_is_fetched_again(
     assert data_gets(http_server)  # the stale entry was not used
     direct = await load_model(url, cache_dir=False)
     assert_same(got, direct)
+    await ModelCache(root).wait_committed()  # the load commits its entry after it returns
     new_meta = meta_of(root, url)
     assert new_meta["complete"] and new_meta["etag"] != old_meta["etag"]
 

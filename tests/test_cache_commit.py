@@ -166,12 +166,14 @@ def test_a_range_changed_before_its_write_is_caught_at_commit(tmp_path: Path) ->
         partial.complete()
     partial.close()
 
-    # The journal keeps the digests: a resumed partial file is checked the same way.
+    # The journal keeps the digests: a resumed partial file checks them before it serves
+    # anything, keeps the ranges that match and downloads the changed one again.
     resumed = PartialFile.open(files, url, version, direct=True)
-    assert resumed.finished
-    with pytest.raises(RangeMismatch):
-        resumed.complete()
-    resumed.close()
+    assert list(resumed.done) == [(0, 65536), (131072, size)]
+    assert not resumed.covers(65536, 65537)
+    resumed.write(65536, [memoryview(data[65536:131072].copy())])
+    assert resumed.complete().complete
+    assert files.data.read_bytes() == data.tobytes()
 
     # Untouched bytes pass.
     files.discard()

@@ -62,6 +62,7 @@ async def test_every_entry_records_its_checksum_as_it_is_written(
     await load_model(url["c"], cache_dir=root, tensors=["layer.5.weight"], chunk_size="4KiB")
     assert meta_of(root, url["c"])["complete"] is False
     await ModelCache(root).fetch(url["c"], chunk_size="4KiB", concurrency=4)
+    await ModelCache(root).wait_committed()  # b's load commits its entry after it returns
     for name, path in files.items():
         data = entry_dir(root, url[name]) / "data"
         assert data.read_bytes() == path.read_bytes()

@@ -7,7 +7,9 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -66,30 +68,69 @@ async def test_file_shrinking_mid_load_names_file_tensor_and_range(tmp_path: Pat
     assert info.value.url == str(path) and info.value.end > info.value.start
 
 
+class _HeaderOnlyServer(ThreadingHTTPServer):
+    """Serves a file's first bytes (the probe that reads its header), then holds every
+    other range request until closed: a load that can never finish on its own."""
+
+    daemon_threads = True
+
+    def __init__(self, path: Path) -> None:
+        self.data = path.read_bytes()
+        self.release = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                first, _, last = self.headers["Range"][len("bytes=") :].partition("-")
+                start, end = int(first), min(int(last) + 1, len(server.data))
+                if start > 0:
+                    server.release.wait(120)  # a tensor's bytes: never sent
+                    return
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(server.data)}")
+                self.send_header("Content-Length", str(end - start))
+                self.send_header("ETag", '"v1"')
+                self.end_headers()
+                self.wfile.write(server.data[start:end])
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
 def test_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
-    """Ctrl-C in the middle of the reads (not during start-up, which a fixed sleep
-    could not tell apart on a loaded machine): the load's debug line says when."""
-    path = write_file(tmp_path / "m.safetensors", {"w": torch.zeros(1 << 24)})  # 64 MiB
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aioloader", "-v", "load", str(path), "--chunk-size", "4KiB",
-         "--concurrency", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    seen = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
-        line = proc.stderr.readline() if ready else ""
-        seen.append(line)
-        if "reading 1 tensors" in line:
-            break
-        if ready and not line:
-            break  # it exited
-    else:
-        proc.kill()
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    """Ctrl-C in the middle of the reads, which never end: the server holds every tensor
+    byte, so the load cannot finish before the signal however slow the machine (with a
+    local file it sometimes did); the load's debug line says when the reads started."""
+    path = write_file(tmp_path / "m.safetensors", {"w": torch.zeros(1 << 20)})
+    server = _HeaderOnlyServer(path)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/m.safetensors"
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aioloader", "-v", "load", url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        seen = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+            line = proc.stderr.readline() if ready else ""
+            seen.append(line)
+            if "reading 1 tensors" in line:
+                break
+            if ready and not line:
+                break  # it exited
+        else:
+            proc.kill()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        server.release.set()
+        server.shutdown()
+        server.server_close()
     err = "".join(seen) + err
     assert "reading 1 tensors" in err, err
     assert proc.returncode == 130, (proc.returncode, out, err)

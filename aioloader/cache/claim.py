@@ -1,37 +1,129 @@
-"""Claiming an entry for download: the one way loads and fetches take its lock."""
+"""Claiming an entry for download: the one way loads and fetches take its lock.
+
+Waiting for an entry that another process is downloading saves downloading its
+bytes twice, but a wait inside a load can close a cycle: two loads of ``[f1, f2]``
+and ``[f2, f1]`` each hold one entry for their whole load; the ranks of one
+``group=`` wait for each other in a collective while one waits for the other's
+entry; ``load_model([u, u])`` waits for itself. So:
+
+* a holder that waits for nothing else while it holds the entry marks it with
+  its ``writer`` lock: a fetch (``ModelCache.fetch``, the daemon), which holds
+  each entry only while it downloads that one file, and a load's commit after
+  the load has returned (tee.py, ``Claim.mark``);
+* a load waits only for a marked entry. An entry another load holds (it may be
+  waiting itself), or a writer that stalled, is read from the remote without
+  caching (``BUSY``): never a deadlock, at worst the same bytes downloaded twice;
+* every wait is bounded by the holder's progress (locks.py).
+"""
 
 from __future__ import annotations
 
+import enum
+import logging
 from concurrent.futures import Executor
 
 from .._threads import run_blocking
 from .entry import EntryFiles, Version
-from .locks import FileLock, acquire, try_acquire_async
+from .locks import (
+    STALL_SECONDS,
+    FileLock,
+    LockStalled,
+    acquire,
+    held_by_other,
+    try_acquire,
+    try_acquire_async,
+)
 
-__all__ = ["claim"]
+logger = logging.getLogger("aioloader")
+
+__all__ = ["BUSY", "Claim", "claim"]
 
 
-async def claim(files: EntryFiles, version: Version, executor: Executor) -> FileLock | None:
-    """The entry's download lock, held; ``None`` when the entry is complete for ``version``
-    by the time the lock is free (another process downloaded it meanwhile: read its copy).
+class _Busy(enum.Enum):
+    BUSY = "busy"
 
-    The lock is tried first without waiting; if another process holds it, this waits
-    for that download to end rather than download the same bytes twice.
+
+BUSY = _Busy.BUSY
+"""``claim(..., by="load")``: another load holds the entry; read the remote uncached."""
+
+
+class Claim:
+    """An entry held for download: its ``lock``, and once it waits for nothing else,
+    its ``writer`` mark."""
+
+    def __init__(self, lock: FileLock, mark: FileLock | None = None) -> None:
+        self.lock = lock
+        self._mark = mark
+
+    def __repr__(self) -> str:
+        return f"<Claim {self.lock.path.parent} fetch={self._mark is not None}>"
+
+    def mark(self, files: EntryFiles) -> None:
+        """Say that from now on this holder waits for nothing else (sync: two syscalls).
+
+        Raises:
+            OSError: the mark's file cannot be opened.
+        """
+        if self._mark is None:
+            self._mark = try_acquire(files.writer, exclusive=True)
+
+    def beat(self) -> None:
+        """Tell waiters the download makes progress (see ``FileLock.beat``)."""
+        self.lock.beat()
+
+    def release(self) -> None:
+        """Idempotent; the mark goes first, so a marked entry is always a held one."""
+        if self._mark is not None:
+            self._mark.release()
+        self.lock.release()
+
+
+async def claim(
+    files: EntryFiles,
+    version: Version,
+    executor: Executor,
+    *,
+    by: str,
+    stall: float = STALL_SECONDS,
+    url: str = "",
+) -> Claim | _Busy | None:
+    """Hold the entry for download.
+
+    Args:
+        by: ``"fetch"`` or ``"load"`` (see the module docstring).
+        stall: the bound on a wait for a holder that shows no progress.
+
+    Returns:
+        The Claim; ``None`` when the entry is complete for ``version`` by the time the
+        lock is free (another process downloaded it: read its copy); ``BUSY`` for a
+        load when another load holds it.
 
     Raises:
         OSError: the entry cannot be created or locked (the caller says which cache).
-        CacheError: a symbolic link was planted where the lock file goes.
+        CacheError: a symbolic link was planted where a lock file goes; or the holder
+            stalled.
     """
     await run_blocking(executor, files.make)
     lock = await try_acquire_async(files.lock, exclusive=True, executor=executor)
     if lock is None:
-        lock = await acquire(files.lock, exclusive=True)
+        if by == "load" and not await run_blocking(executor, lambda: held_by_other(files.writer)):
+            return BUSY
+        try:
+            lock = await acquire(files.lock, exclusive=True, stall=stall, what=url)
+        except LockStalled as exc:
+            if by != "load":
+                raise
+            logger.warning("%s; loading %s without the cache", exc, url)
+            return BUSY
+    held = Claim(lock)
     try:
         done = await run_blocking(executor, lambda: files.complete_for(version))
+        if done is not None:
+            held.release()
+            return None
+        if by == "fetch":
+            await run_blocking(executor, lambda: held.mark(files))
     except BaseException:
-        lock.release()
+        held.release()
         raise
-    if done is not None:
-        lock.release()
-        return None
-    return lock
+    return held

@@ -1,17 +1,23 @@
 """One cache entry on disk: its files, metadata and range journal (sync; run in threads).
 
-An entry is the folder ``<root>/entries/<sha256 of the URL>/``::
+An entry is the folder ``<root>/entries/<sha256 of the URL without its signature>/``
+(see ``key_of``), its files readable by the owner and group only::
 
-    meta.json       {url, size, etag, last_modified, complete, created, last_used, boot_id,
-                    checksum}: checksum is "xxh3-128:<hex>" of data, once complete
+    meta.json       {url (redacted), size, etag, last_modified, complete, created,
+                    last_used, boot_id, checksum}: checksum is "xxh3-128:<hex>" of
+                    data, once complete
     data            the file's bytes, present only once complete
     data.partial    the bytes being downloaded, preallocated to the full size
     data.ranges     journal of the byte ranges of data.partial already written
     lock            flock(LOCK_EX) by the one process downloading the entry
     use             flock(LOCK_SH) by every reader; eviction needs LOCK_EX
+    writer          flock(LOCK_EX) by a holder of ``lock`` that waits for nothing
+                    else meanwhile (a fetch, a load's commit): safe to wait for
+                    (claim.py)
 
-``lock`` and ``use`` are never deleted: a process waiting on a lock file that
-another one unlinked would hold a lock nobody else can see. Nothing below the
+The lock files (``lock``, ``use``, ``writer``) are never deleted: a process
+waiting on a lock file that another one unlinked would hold a lock nobody else
+can see. Nothing below the
 cache folder is a symbolic link (see paths.py).
 """
 
@@ -29,6 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..errors import CacheError
+from ..redact import redact, without_credentials
 from .paths import check_dirs, make_dirs, open_file
 
 __all__ = [
@@ -46,8 +53,14 @@ __all__ = [
 
 
 def key_of(url: str) -> str:
-    """The entry's folder name: the SHA-256 of the URL."""
-    return hashlib.sha256(url.encode()).hexdigest()
+    """The entry's folder name: the SHA-256 of the object's URL.
+
+    The URL's signature and credentials are left out (``without_credentials``), so a
+    presigned URL signed again for the same object finds the same entry. ``url`` may
+    be several URLs, one per line (a model's list of files).
+    """
+    lines = url.split("\n")
+    return hashlib.sha256("\n".join(without_credentials(u) for u in lines).encode()).hexdigest()
 
 
 def _boot_id() -> str | None:
@@ -127,8 +140,15 @@ class Meta:
 
     @classmethod
     def new(cls, url: str, version: Version) -> Meta:
+        """The metadata of a new entry: its URL is kept redacted, no secret at rest."""
         now = time.time()
-        return cls(url, version.size, version.etag, version.last_modified, False, now, now, BOOT_ID)
+        return cls(
+            redact(url), version.size, version.etag, version.last_modified, False, now, now, BOOT_ID
+        )
+
+    def belongs_to(self, url: str) -> bool:
+        """Whether this entry was written for ``url`` (as given, or as recorded: redacted)."""
+        return redact(self.url) == redact(url)
 
 
 @dataclass(frozen=True)
@@ -165,6 +185,10 @@ class EntryFiles:
     @property
     def use(self) -> Path:
         return self.dir / "use"
+
+    @property
+    def writer(self) -> Path:
+        return self.dir / "writer"
 
     def make(self) -> None:
         """Create the entry's folder (no link below the root is followed).

@@ -21,7 +21,7 @@ from ..errors import CacheError
 from ..sources.base import Blob, Source, aclose_all
 from ..tasks import gather
 from .checksum import DigestMismatch, Published, md5_of_etag
-from .claim import claim
+from .claim import Claim, claim
 from .entry import EntryFiles, Version, cache_error
 from .locks import acquire
 from .partial import PartialFile
@@ -154,10 +154,13 @@ class Fetcher:
                 self.meter.add(version.size)
                 return 0
             try:
-                lock = await claim(files, version, self.executor)
+                held = await claim(
+                    files, version, self.executor, by="fetch", stall=cache.lock_stall, url=url
+                )
             except OSError as exc:
                 raise cache_error(exc, cache.root, f"locking {url}") from exc
-            if lock is not None:
+            if isinstance(held, Claim):
+                lock = held
                 break
             # Another process completed it while this one waited: use that copy.
         try:
@@ -167,6 +170,7 @@ class Fetcher:
                 lambda: PartialFile.open(files, url, version, published=published),
                 url, "preparing", on_abandon=PartialFile.close,
             )  # fmt: skip
+            partial.heartbeat = lock.beat
             try:
                 self.meter.add(partial.done.total)
                 missing = split(partial.done.missing(version.size), self.piece)
@@ -207,7 +211,8 @@ class Fetcher:
             published = exc.published
             hint = (
                 " Or the ETag is not an MD5 of the bytes (S3 objects encrypted with SSE-KMS "
-                "or SSE-C): fetch those with ModelCache(..., check_etag=False)."
+                "or SSE-C, a server whose ETags only look like MD5s): fetch those with "
+                "ModelCache(..., check_etag=False) or AIOLOADER_CHECK_ETAG=0 (the daemon)."
                 if published.where == "ETag"
                 else ""
             )
@@ -219,7 +224,7 @@ class Fetcher:
 
     async def _touch(self, files: EntryFiles, version: Version) -> bool:
         """Mark a complete entry used now; False when it vanished meanwhile."""
-        use = await acquire(files.use, exclusive=False)
+        use = await acquire(files.use, exclusive=False, stall=self.cache.lock_stall)
         try:
 
             def touch() -> bool:

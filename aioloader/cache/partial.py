@@ -16,7 +16,10 @@ So such a write carries a digest of the range taken when the bytes arrived, the
 journal keeps it beside the range, and the pass that hashes the file compares
 every such range as it goes, before the entry may become complete
 (``RangeMismatch`` otherwise).
-A resumed partial file is checked the same way.
+A resumed partial file serves nothing before each such range has been read back
+and found to hold the digest it arrived with (a range that does not is downloaded
+again): the tensor may have been changed by a load that was left early, or by a
+process killed before its commit.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import bisect
 import contextlib
 import ctypes
 import errno
+import logging
 import os
+import secrets
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,6 +56,9 @@ from .ranges import RangeSet
 
 __all__ = ["PartialFile", "RangeMismatch", "clip", "range_digest"]
 
+logger = logging.getLogger("aioloader")
+
+_CHECK_BLOCK = 8 << 20  # bytes read at once when a resumed range is checked
 _ALIGNMENT = 4096  # what O_DIRECT asks of offsets, lengths and addresses on every disk we know
 _DIRECT_IO = sys.platform == "linux" and hasattr(os, "O_DIRECT")
 
@@ -65,6 +73,10 @@ def clip(buffers: Sequence[memoryview], limit: int) -> list[memoryview]:
         out.append(view[:limit])
         limit -= view.nbytes
     return out
+
+
+def _nothing() -> None:
+    pass
 
 
 Check = tuple[int, int, str]  # a range written after hand-out, and its digest on arrival
@@ -130,12 +142,13 @@ class _RangeChecks:
 
 
 def _read_journal(path: Path, size: int) -> tuple[RangeSet, list[Check]]:
-    ranges = RangeSet()
+    """The ranges written from memory nobody else held, and those written with a digest."""
+    plain = RangeSet()
     checks: list[Check] = []
     try:
         fd = open_file(path, os.O_RDONLY)
     except FileNotFoundError:
-        return ranges, checks
+        return plain, checks
     with open(fd, "rb") as fh:
         text = fh.read().decode(errors="replace")
     for line in text.splitlines():
@@ -147,10 +160,76 @@ def _read_journal(path: Path, size: int) -> tuple[RangeSet, list[Check]]:
             continue
         start, end = int(parts[0]), int(parts[1])
         if 0 <= start < end <= size:
-            ranges.add(start, end)
             if len(parts) == 3:
                 checks.append((start, end, parts[2]))
-    return ranges, checks
+            else:
+                plain.add(start, end)
+    return plain, checks
+
+
+def _digest_of(fd: int, start: int, end: int) -> str:
+    """``range_digest`` of bytes ``[start, end)`` of the file, as they are on disk."""
+    digest = xxhash.xxh3_64()
+    position = start
+    while position < end:
+        block = os.pread(fd, min(_CHECK_BLOCK, end - position), position)
+        if not block:
+            break  # shorter than the journal says: cannot match
+        digest.update(block)
+        position += len(block)
+    return digest.hexdigest()
+
+
+def _subtract(ranges: Sequence[tuple[int, int]], cuts: Sequence[tuple[int, int]]) -> RangeSet:
+    out = RangeSet()
+    for start, end in ranges:
+        pieces = [(start, end)]
+        for cut_start, cut_end in cuts:
+            pieces = [
+                piece
+                for low, high in pieces
+                for piece in ((low, min(high, cut_start)), (max(low, cut_end), high))
+                if piece[0] < piece[1]
+            ]
+        for low, high in pieces:
+            out.add(low, high)
+    return out
+
+
+def _proven(fd: int, plain: RangeSet, checks: Sequence[Check], where: Path) -> RangeSet:
+    """The ranges of a resumed partial file whose bytes are the remote's.
+
+    A range written with a digest was written from a tensor its caller held (tee.py)
+    and may have been changed in place before it reached the disk, by a process that
+    may have died since: it is read back and kept only when its bytes still have the
+    digest taken when they arrived. Nothing is served from the file before this.
+    """
+    bad = [(start, end) for start, end, digest in checks if _digest_of(fd, start, end) != digest]
+    proven = RangeSet([*plain, *((start, end) for start, end, _ in checks)])
+    if not bad:
+        return proven
+    logger.warning(
+        "%s: %d ranges (%s) are not the bytes that arrived (a tensor was changed in place "
+        "before its bytes were written to the cache); they are downloaded again",
+        where, len(bad), ", ".join(f"[{start}, {end})" for start, end in bad[:4]),
+    )  # fmt: skip
+    return _subtract(list(proven), bad)
+
+
+def _rewrite_journal(files: EntryFiles, done: RangeSet) -> None:
+    """Replace the journal with ``done``'s ranges, proven: no digest left to check."""
+    temp = files.dir / f".ranges.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        fd = open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(fd, "wb") as fh:
+            fh.write("".join(f"{start} {end}\n" for start, end in done).encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temp, files.journal)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 class PartialFile:
@@ -180,14 +259,21 @@ class PartialFile:
         self._journal = journal
         self._direct = direct
         self._published = published
+        # Called as bytes are written or hashed: the claim's beat (locks.py), so that a
+        # process waiting for this entry sees progress.
+        self.heartbeat: Callable[[], None] = _nothing
         # The pass that hashes the file also checks the ranges written with a digest.
-        self._digest = PrefixHash(published=published, observer=self._checks.feed)
+        self._digest = PrefixHash(published=published, observer=self._observe)
         # Threads write different ranges at once; the range set is shared.
         self._lock = threading.Lock()
 
     @property
     def size(self) -> int:
         return self.meta.size
+
+    def _observe(self, position: int, data: memoryview) -> None:
+        self._checks.feed(position, data)
+        self.heartbeat()
 
     @classmethod
     def open(
@@ -224,12 +310,15 @@ class PartialFile:
         direct_fd = None
         try:
             if resumable and meta is not None:
-                done, checks = _read_journal(files.journal, version.size)
+                plain, arrived = _read_journal(files.journal, version.size)
                 fd = open_file(files.partial, os.O_RDWR)
+                done = _proven(fd, plain, arrived, files.partial)
+                if arrived:
+                    _rewrite_journal(files, done)
             else:
                 files.discard()
                 meta = Meta.new(url, version)
-                done, checks = RangeSet(), []
+                done = RangeSet()
                 fd = open_file(files.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
                 _preallocate(fd, version.size)
                 write_meta(files, meta)
@@ -243,7 +332,7 @@ class PartialFile:
             if not resumable:
                 files.discard()  # nothing half made stays behind
             raise
-        return cls(files, meta, done, fd, journal, published, direct_fd, checks)
+        return cls(files, meta, done, fd, journal, published, direct_fd)
 
     def _require(self) -> int:
         if self._fd is None:
@@ -274,6 +363,7 @@ class PartialFile:
                 self.done.add(offset, position)
                 if digest is not None:
                     self._checks.add((offset, position, digest))
+            self.heartbeat()
             if self._direct is None:
                 # The bytes just written are in the page cache: hash them now, not at the end.
                 self._digest.advance(fd, self._present)

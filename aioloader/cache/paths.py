@@ -86,7 +86,7 @@ def make_dirs(root: Path, path: Path) -> None:
     for part in path.relative_to(root).parts:
         current = current / part
         try:
-            os.mkdir(current)
+            os.mkdir(current, DIR_MODE)
             continue
         except FileExistsError:
             pass
@@ -131,7 +131,11 @@ def check_inside(root: Path, path: Path, url: str) -> None:
         )
 
 
-def open_file(path: Path, flags: int, mode: int = 0o644) -> int:
+FILE_MODE = 0o640  # the cache's files: its owner and group (the node's pods), nobody else
+DIR_MODE = 0o750
+
+
+def open_file(path: Path, flags: int, mode: int = FILE_MODE) -> int:
     """``os.open`` that refuses a symbolic link as the last component.
 
     Raises:

@@ -26,6 +26,10 @@ class Shelf(Protocol):
     def check_etag(self) -> bool:
         """Whether a download is checked against an ETag that looks like an MD5."""
 
+    @property
+    def lock_stall(self) -> float:
+        """Seconds a wait for an entry's lock tolerates a holder without progress."""
+
     def entry_files(self, url: str) -> EntryFiles:
         """The files of ``url``'s entry."""
 

@@ -17,6 +17,7 @@ import os
 import secrets
 from pathlib import Path
 
+from ..redact import redact
 from .entry import EntryFiles, read_meta
 from .info import CacheEntry
 from .locks import try_acquire
@@ -78,7 +79,7 @@ def list_entries(root: Path) -> list[CacheEntry]:
         if meta is None:
             continue
         entry = CacheEntry(
-            url=meta.url, size=meta.size, complete=meta.complete,
+            url=redact(meta.url), size=meta.size, complete=meta.complete,
             last_used=meta.last_used, bytes_on_disk=files.bytes_on_disk(),
             etag=meta.etag, path=str(files.dir),
         )  # fmt: skip

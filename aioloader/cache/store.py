@@ -2,8 +2,10 @@
 
 Entries are keyed by the remote file's URL (see entry.py for what one holds).
 ``fetch`` makes every file of a model complete, downloading only missing byte
-ranges; one process downloads an entry while the others wait on its ``lock``
-file, and concurrent fetches of one model in a process share one task. A
+ranges; one process downloads an entry while fetches and loads elsewhere wait on
+its ``lock`` file (a load waits only for a fetch, never for another load, and no
+wait outlasts a holder without progress: claim.py, locks.py), and concurrent
+fetches of one model in a process share one task. A
 complete entry is reused only while the remote still reports the same size and
 ETag (or Last-Modified when there is no ETag). With a cap (``max_bytes``, or
 the one recorded in the folder: see space.py), the least recently used entries
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,13 +30,14 @@ from .._threads import run_blocking
 from ..config import HttpOptions, Limits, S3Options
 from ..errors import CacheError, ConfigError
 from ..layout import resolve_layout
+from ..redact import redact
 from ..sources.auto import scheme_of, source_for
 from . import commit
 from .entry import EntryFiles, cache_error, key_of, read_meta
 from .fetch import Fetcher, FetchOptions, Meter, Progress
 from .info import CachedModel, CacheEntry, CacheStatistics, VerifyResult
 from .links import ModelLinks
-from .locks import acquire, try_acquire_async
+from .locks import STALL_SECONDS, acquire, try_acquire_async
 from .space import evict, list_entries, prune_models, read_cap, write_cap
 from .verify import check_entry, run_stoppable
 
@@ -58,6 +62,18 @@ class _Flight:
     waiters: int = 0
 
 
+def _check_etag_from_env() -> bool:
+    value = os.environ.get("AIOLOADER_CHECK_ETAG", "").strip().lower()
+    if value in ("", "1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(
+        f"AIOLOADER_CHECK_ETAG={value!r} is not a switch: set it to 0 (do not check "
+        "downloads against ETags that look like MD5s) or 1 (check them, the default)"
+    )
+
+
 # Roots whose "cannot cache here" warning was shown: once per process, not per load.
 _warned_roots: set[str] = set()
 
@@ -73,7 +89,10 @@ class ModelCache:
             without a cap of its own holds it too (``None``: the recorded cap, if any).
         check_etag: check downloads against an ETag that is an MD5 (32 hex digits,
             as S3 sends for a single-part upload). Turn it off for S3 objects encrypted
-            with SSE-KMS or SSE-C, whose ETags look like MD5s but are not.
+            with SSE-KMS or SSE-C, and servers whose ETags look like MD5s but are not.
+            ``None``: ``$AIOLOADER_CHECK_ETAG`` (``0``/``1``), on when unset.
+        lock_stall: seconds a wait for an entry that another process is downloading
+            tolerates that download showing no progress, before a ``CacheError``.
 
     ``fetch`` downloads; ``Loader(cache_dir=...)`` loads through the cache.
     """
@@ -83,13 +102,31 @@ class ModelCache:
         root: str | os.PathLike[str],
         *,
         max_bytes: int | None = None,
-        check_etag: bool = True,
+        check_etag: bool | None = None,
+        lock_stall: float = STALL_SECONDS,
     ) -> None:
+        if not isinstance(root, (str, os.PathLike)) or not os.fspath(root):
+            raise ConfigError(
+                f"the cache folder must be a non-empty path, not {root!r}; pass "
+                "cache_dir=False (or leave AIOLOADER_CACHE_DIR unset) for no cache"
+            )
         self.root = Path(root).expanduser().absolute()
-        if max_bytes is not None and max_bytes < 0:
-            raise ConfigError(f"max_bytes must be positive or None, not {max_bytes}")
+        if max_bytes is not None and (
+            isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
+        ):
+            raise ConfigError(f"max_bytes must be a positive int or None, not {max_bytes!r}")
+        if (
+            isinstance(lock_stall, bool)
+            or not isinstance(lock_stall, (int, float))
+            or not math.isfinite(lock_stall)
+            or lock_stall <= 0
+        ):
+            raise ConfigError(
+                f"lock_stall must be a positive number of seconds, not {lock_stall!r}"
+            )
         self.max_bytes = max_bytes
-        self.check_etag = check_etag
+        self.check_etag = _check_etag_from_env() if check_etag is None else bool(check_etag)
+        self.lock_stall = float(lock_stall)
         self._flights: dict[tuple[str, ...], _Flight] = {}
         self._counters = _Counters()
         self._cap_recorded = False
@@ -239,7 +276,7 @@ class ModelCache:
         files = self.entry_files(url)
         if not await run_blocking(None, files.exists):
             return False
-        lock = await acquire(files.lock, exclusive=True)
+        lock = await acquire(files.lock, exclusive=True, stall=self.lock_stall, what=url)
         try:
             use = await try_acquire_async(files.use, exclusive=True)
             if use is None:
@@ -284,18 +321,20 @@ class ModelCache:
         """
         await commit.wait(self.root)
         if url is None:
-            urls = [e.url for e in await run_blocking(None, self.entries)]
+            entries = await run_blocking(None, self.entries)
+            targets = [(e.url, EntryFiles(self.root, Path(e.path))) for e in entries]
         else:
             urls = [url] if isinstance(url, str) else list(url)
-        return [await self._verify_one(u) for u in urls]
+            targets = [(redact(u), self.entry_files(u)) for u in urls]
+        return [await self._verify_one(u, files) for u, files in targets]
 
-    async def _verify_one(self, url: str) -> VerifyResult:
-        files = self.entry_files(url)
+    async def _verify_one(self, url: str, files: EntryFiles) -> VerifyResult:
+        """``url`` is shown in the results: redacted."""
         if not await run_blocking(None, files.exists):
             return VerifyResult(url, "missing", f"{url} is not in the cache")
         try:
             # Held while hashing, so that eviction leaves the file alone meanwhile.
-            use = await acquire(files.use, exclusive=False)
+            use = await acquire(files.use, exclusive=False, stall=self.lock_stall, what=url)
             try:
                 result = await run_stoppable(lambda stop: check_entry(files, url, stop))
             finally:
@@ -313,12 +352,12 @@ class ModelCache:
         return replace(result, removed=removed)
 
     async def _remove_corrupt(self, files: EntryFiles, url: str) -> bool:
-        lock = await acquire(files.lock, exclusive=True)
+        lock = await acquire(files.lock, exclusive=True, stall=self.lock_stall, what=url)
         try:
 
             def discard() -> bool:
                 meta = read_meta(files)
-                if meta is None or meta.url != url:
+                if meta is None or not meta.belongs_to(url):
                     return False
                 # Readers that hold the file open keep reading their copy; no new
                 # load gets it. Its links go too.

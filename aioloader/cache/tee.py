@@ -45,7 +45,7 @@ from ..errors import CacheError, ClosedError
 from ..sources.base import Blob, Source, aclose_all
 from ..sources.file import FileSource
 from . import commit
-from .claim import claim
+from .claim import BUSY, Claim, claim
 from .entry import EntryFiles, Version, cache_error, no_room
 from .fetch import version_of
 from .locks import FileLock, acquire
@@ -119,7 +119,7 @@ class _TeeBlob(Blob):
         source: CachingSource,
         remote: Blob,
         partial: PartialFile,
-        lock: FileLock,
+        lock: Claim,
     ) -> None:
         self.url = remote.url
         self.size = remote.size
@@ -165,6 +165,7 @@ class _TeeBlob(Blob):
                 raise cache_error(exc, root, f"reading the cache of {self.url}") from exc
             return
         await self._remote.read_into(offset, buffers)
+        self._lock.beat()
         self._source.cache.record_download(end - offset)
         if self._after:
             if end > offset:
@@ -226,6 +227,9 @@ class _TeeBlob(Blob):
                 )
                 finished = partial.covered_with(submitted)
                 if finished or writes:
+                    # From here the holder waits for nothing else: other loads may wait.
+                    with contextlib.suppress(OSError):
+                        self._lock.mark(partial.files)
                     root = self._source.cache.root
                     commit.submit(root, lambda: self._settle(partial, writes, finished))
                     handed_off = True
@@ -357,13 +361,21 @@ class CachingSource(Source):
             if local is not None:
                 return local
             try:
-                lock = await claim(files, version, self._pool())
+                held = await claim(
+                    files, version, self._pool(), by="load", stall=self.cache.lock_stall, url=url
+                )
             except OSError as exc:
                 if not no_room(exc):
                     raise cache_error(exc, self.cache.root, f"locking {url}") from exc
                 self.cache.warn_uncached(exc, url)
                 return remote
-            if lock is not None:
+            if held is BUSY:
+                # Another load is writing this entry: waiting for it could close a cycle
+                # (claim.py). Its bytes come from the remote this time, uncached.
+                logger.debug("%s: another load is caching it; reading it uncached", url)
+                return remote
+            if isinstance(held, Claim):
+                lock = held
                 break
         try:
             partial = await self._prepare(url, files, version)
@@ -373,6 +385,7 @@ class CachingSource(Source):
         if partial is None:
             lock.release()
             return remote
+        partial.heartbeat = lock.beat
         self.cache.record(hit=False)
         return _TeeBlob(self, remote, partial, lock)
 
@@ -403,7 +416,7 @@ class CachingSource(Source):
         but the descriptor opened next keeps its bytes readable until the load ends.
         """
         try:
-            return await acquire(files.use, exclusive=False)
+            return await acquire(files.use, exclusive=False, stall=self.cache.lock_stall, what=url)
         except OSError as exc:
             if not no_room(exc):
                 raise cache_error(exc, self.cache.root, f"holding {url}") from exc

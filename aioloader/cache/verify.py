@@ -29,7 +29,7 @@ def check_entry(files: EntryFiles, url: str, stop: threading.Event | None = None
         Stopped: ``stop`` was set.
     """
     meta = read_meta(files)
-    if meta is None or meta.url != url:
+    if meta is None or not meta.belongs_to(url):
         return VerifyResult(url, "missing", f"{url} is not in the cache")
     if not meta.complete:
         return VerifyResult(url, "partial", f"{url}: a partial download, nothing to check yet")
