@@ -1,7 +1,7 @@
 """Faulting in fresh destination memory off the event loop.
 
 A remote read receives its body on the event loop, straight into the tensor's
-memory (sources/wire.py). Memory the process has never touched is faulted in
+memory (sources/http/client.py). Memory the process has never touched is faulted in
 by the kernel on the first write to each page, inside that ``recv``: zeroing a
 2 MiB huge page, and on a VM whose host has taken the memory back, waiting for
 the host to hand it over again (about 1 GB/s on the machines we measured). All

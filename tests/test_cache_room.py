@@ -20,7 +20,7 @@ import torch
 
 from aioloader import ModelCache, load_model
 from aioloader.cache.entry import key_of
-from aioloader.sources.http import PROBE_SIZE
+from aioloader.sources.http.rules import PROBE_SIZE
 
 from .helpers import assert_matches_files, random_tensors, write_file
 from .servers import FaultyHttpServer

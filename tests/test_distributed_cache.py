@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aioloader.sources.rules import PROBE_SIZE
+from aioloader.sources.http.rules import PROBE_SIZE
 
 from .servers import FaultyHttpServer
 from .test_distributed import http_job, model, run_ranks

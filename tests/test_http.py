@@ -32,7 +32,7 @@ from aioloader import (
     SourceError,
     load_model,
 )
-from aioloader.sources.http import PROBE_SIZE
+from aioloader.sources.http.rules import PROBE_SIZE
 
 from .helpers import assert_matches_files, assert_same, random_tensors, write_file, write_sharded
 from .servers import FaultyHttpServer

@@ -16,9 +16,9 @@ from aioloader.errors import (
     ReadTimeoutError,
     SourceError,
 )
-from aioloader.sources.filler import Filler, clip
-from aioloader.sources.retry import Retrier, RetryableError, backoff_delay
-from aioloader.sources.rules import (
+from aioloader.sources.http.filler import Filler, clip
+from aioloader.sources.http.retry import Retrier, RetryableError, backoff_delay
+from aioloader.sources.http.rules import (
     MAX_REDIRECTS,
     MAX_SMALL_READ,
     PROBE_SIZE,
@@ -41,7 +41,7 @@ from aioloader.sources.rules import (
     strong_etag,
     too_many_redirects,
 )
-from aioloader.sources.signer import HeaderSigner
+from aioloader.sources.http.signer import HeaderSigner
 
 URL = "https://example.com/model.safetensors"
 

@@ -1,4 +1,8 @@
-"""Pick the storage backend for a URL."""
+"""Pick the storage backend for a URL.
+
+Each backend is imported when a URL of its kind is first used, so that importing
+aioloader imports neither aiohttp nor the remote stores' modules.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ from urllib.parse import urlparse
 
 from ..config import HttpOptions, S3Options
 from ..errors import ConfigError
-from .azure import azure_store, is_azure_url
 from .base import Source
 
 __all__ = ["scheme_of", "source_for", "store_of"]
@@ -21,7 +24,11 @@ def scheme_of(url: str) -> str:
 
 def _is_azure(url: str) -> bool:
     scheme = scheme_of(url)
-    return scheme == "az" or (scheme == "https" and is_azure_url(url))
+    if scheme not in ("az", "https"):
+        return False
+    from .azure import is_azure_url
+
+    return scheme == "az" or is_azure_url(url)
 
 
 def store_of(url: str) -> str:
@@ -34,6 +41,8 @@ def store_of(url: str) -> str:
     their one endpoint).
     """
     if _is_azure(url):
+        from .azure import azure_store
+
         return f"azure {azure_store(url)}"
     return scheme_of(url)
 
@@ -56,7 +65,7 @@ def source_for(
 
         return FileSource(threads=concurrency)
     if scheme in ("http", "https"):
-        from .http import HttpSource
+        from .http.source import HttpSource
 
         return HttpSource(concurrency, http)
     if scheme == "s3":

@@ -40,7 +40,8 @@ from ..errors import ConfigError, NotFoundError, SourceError
 from ..redact import redact
 from ..throttle import LimiterStatistics
 from .base import Blob, Source
-from .remote import RemoteStore, broken_listing, listed, prefix_to_list, xml_listing
+from .http.listing import broken_listing, listed, prefix_to_list, xml_listing
+from .http.store import HttpStore
 
 __all__ = ["AzureSource", "azure_store", "is_azure_url"]
 
@@ -283,7 +284,7 @@ class AzureSource(Source):
 
     def __init__(self, concurrency: int, http: HttpOptions | None = None) -> None:
         self._signer = AzureSigner()
-        self._store = RemoteStore(
+        self._store = HttpStore(
             type(self).__name__, concurrency, http or HttpOptions(), self._signer
         )
 

@@ -29,8 +29,9 @@ from ..errors import ConfigError, SourceError
 from ..redact import redact
 from ..throttle import LimiterStatistics
 from .base import Blob, Source
-from .remote import RemoteStore, listed, prefix_to_list
-from .rules import same_origin
+from .http.listing import listed, prefix_to_list
+from .http.rules import same_origin
+from .http.store import HttpStore
 
 __all__ = ["GcsSource", "split_gs_url"]
 
@@ -172,7 +173,7 @@ class GcsSource(Source):
 
     def __init__(self, concurrency: int, http: HttpOptions | None = None) -> None:
         self._signer = GcsSigner()
-        self._store = RemoteStore(
+        self._store = HttpStore(
             type(self).__name__, concurrency, http or HttpOptions(), self._signer
         )
 

@@ -1,6 +1,6 @@
 """S3-compatible object storage: signed range GETs through the HTTP transport.
 
-The source holds a RemoteStore (remote.py) whose transport signs every request
+The source holds an HttpStore (http/store.py) whose transport signs every request
 with an S3Signer (s3_signer.py); here are S3's own parts: object and bucket URLs
 in path-style or virtual-hosted addressing, listing a prefix, and the checksums
 an object was uploaded with.
@@ -15,10 +15,11 @@ from ..config import HttpOptions, S3Options
 from ..errors import ConfigError, NotFoundError
 from ..throttle import LimiterStatistics
 from .base import Blob, Source
-from .remote import RemoteStore, broken_listing, listed, prefix_to_list, xml_listing
-from .retry import RetryableError
+from .http.listing import broken_listing, listed, prefix_to_list, xml_listing
+from .http.retry import RetryableError
+from .http.store import HttpStore
+from .http.transport import transport_errors
 from .s3_signer import S3_NAMESPACE, S3Signer, xml_text
-from .transport import transport_errors
 
 __all__ = ["S3Source", "split_s3_url"]
 
@@ -46,7 +47,7 @@ class S3Source(Source):
         self, concurrency: int, http: HttpOptions | None = None, options: S3Options | None = None
     ) -> None:
         self._signer = S3Signer(options or S3Options())
-        self._store = RemoteStore(
+        self._store = HttpStore(
             type(self).__name__, concurrency, http or HttpOptions(), self._signer
         )
 

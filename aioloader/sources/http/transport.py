@@ -1,7 +1,7 @@
 """One remote store's HTTP transport: an aiohttp session plus the direct range client.
 
 Requests go out signed by the store's Signer (signer.py). Range bodies take the
-direct client (wire.py), which puts them straight into the caller's buffers;
+direct client (client.py), which puts them straight into the caller's buffers;
 everything else, and any answer the direct client will not take (errors,
 redirects, proxies), goes through aiohttp. Redirects are followed here, not by
 aiohttp, so that the configured headers only ever reach the URL's own origin and
@@ -16,8 +16,9 @@ from typing import Any, Protocol
 
 from multidict import CIMultiDict
 
-from ..config import HttpOptions
-from ..errors import ClosedError
+from ...config import HttpOptions
+from ...errors import ClosedError
+from .client import Answer, RangeClient, WireError
 from .retry import RetryableError
 from .rules import (
     MAX_REDIRECTS,
@@ -30,7 +31,6 @@ from .rules import (
     too_many_redirects,
 )
 from .signer import Signer
-from .wire import Answer, RangeClient, WireError
 
 __all__ = ["HttpTransport", "Sink", "WireResponse", "retryable", "transport_errors"]
 

@@ -11,10 +11,10 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._threads import run_blocking
-from ..errors import ClosedError
-from ..prefault import populate
-from .base import Blob
+from ..._threads import run_blocking
+from ...errors import ClosedError
+from ...prefault import populate
+from ..base import Blob
 from .filler import Filler, clip
 from .retry import Retrier, RetryableError, keep_pace
 from .rules import (

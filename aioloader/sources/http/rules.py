@@ -3,7 +3,7 @@
 What a status means (retry, throttle, changed object, a plain failure), the file
 size from ``Content-Range`` / ``Content-Length``, ``Retry-After``, strong ETags,
 the refusal of encoded bodies, version pinning and which redirects are followed.
-The transport and the readers (transport.py, remote.py) apply them; here they
+The transport and the readers (transport.py, store.py) apply them; here they
 can be tested exhaustively without a server.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 from urllib.parse import urljoin, urlparse, urlsplit
 
-from ..errors import AccessDeniedError, ConfigError, NotFoundError, ObjectChangedError, SourceError
+from ...errors import AccessDeniedError, ConfigError, NotFoundError, ObjectChangedError, SourceError
 from .retry import RetryableError
 
 __all__ = [

@@ -9,25 +9,24 @@ read as one sequential stream, with a warning.
 from __future__ import annotations
 
 import logging
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from urllib.parse import urlparse
 
-from ..config import HttpOptions
-from ..errors import NotFoundError, SourceError
-from ..throttle import LimiterStatistics
+from ...config import HttpOptions
+from ...errors import NotFoundError
+from ...throttle import LimiterStatistics
 from .blob import HttpBlob
 from .retry import Retrier, RetryableError
 from .rules import PROBE_SIZE, check_encoding, size_of, strong_etag
 from .signer import Signer
 from .transport import HttpTransport, retryable, transport_errors
 
-__all__ = ["RemoteStore", "broken_listing", "listed", "prefix_to_list", "xml_listing"]
+__all__ = ["HttpStore"]
 
 logger = logging.getLogger("aioloader")
 
 
-class RemoteStore:
+class HttpStore:
     """The HTTP machinery a remote source holds: signed requests, retried and throttled.
 
     Args:
@@ -120,42 +119,3 @@ class RemoteStore:
     async def aclose(self) -> None:
         """Close the connections; idempotent."""
         await self.transport.aclose()
-
-
-def prefix_to_list(key: str) -> str | None:
-    """The listing prefix for an object key that may name a folder; None for a file's key."""
-    if key.endswith((".safetensors", ".json")):
-        return None
-    return key if key.endswith("/") or key == "" else key + "/"
-
-
-def listed(names: list[str], key: str) -> list[str] | None:
-    """A listing's answer to ``list_dir``: None when ``key`` was no prefix after all (so
-    that opening it says whether the object exists)."""
-    if not names and key and not key.endswith("/"):
-        return None
-    return sorted(names)
-
-
-def broken_listing(url: str, endpoint: str, problem: str) -> SourceError:
-    """The error for a listing page that is not the store's: what is wrong, and where."""
-    return SourceError(
-        f"{url}: the listing that {endpoint} sent is not a storage listing: {problem}; check "
-        "that the endpoint is the object store (a proxy or login page may answer instead)"
-    )
-
-
-def xml_listing(url: str, endpoint: str, body: bytes, root: str) -> ET.Element:
-    """A listing page parsed as XML whose root element is ``root`` (any namespace).
-
-    Raises:
-        SourceError: it is not XML, or not such a document.
-    """
-    try:
-        document = ET.fromstring(body)
-    except ET.ParseError as exc:
-        raise broken_listing(url, endpoint, f"it is not XML ({exc})") from None
-    if document.tag.rpartition("}")[2] != root:
-        tag = document.tag.rpartition("}")[2][:50]
-        raise broken_listing(url, endpoint, f"its root element is <{tag}>, not <{root}>")
-    return document

@@ -15,10 +15,10 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from ..config import HttpOptions
-from ..errors import ReadError, ReadTimeoutError
-from ..throttle import AdaptiveLimiter, LimiterStatistics
-from .wire import Pace
+from ...config import HttpOptions
+from ...errors import ReadError, ReadTimeoutError
+from ...throttle import AdaptiveLimiter, LimiterStatistics
+from .client import Pace
 
 __all__ = ["Retrier", "RetryableError", "backoff_delay", "keep_pace"]
 

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from urllib.parse import urljoin
 
-from ..config import HttpOptions
-from ..throttle import LimiterStatistics
-from .base import Blob, Source
-from .blob import HttpBlob
-from .remote import RemoteStore
-from .rules import PROBE_SIZE
+from ...config import HttpOptions
+from ...throttle import LimiterStatistics
+from ..base import Blob, Source
 from .signer import HeaderSigner
+from .store import HttpStore
 
-__all__ = ["PROBE_SIZE", "HttpBlob", "HttpSource"]
+__all__ = ["HttpSource"]
 
 
 class HttpSource(Source):
@@ -34,7 +32,7 @@ class HttpSource(Source):
 
     def __init__(self, concurrency: int, options: HttpOptions | None = None) -> None:
         options = options or HttpOptions()
-        self._store = RemoteStore(
+        self._store = HttpStore(
             type(self).__name__, concurrency, options, HeaderSigner(options.headers)
         )
 
