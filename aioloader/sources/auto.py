@@ -69,7 +69,7 @@ def source_for(
 
         return HttpSource(concurrency, http)
     if scheme == "s3":
-        from .s3 import S3Source
+        from .s3.source import S3Source
 
         return S3Source(concurrency, http, s3)
     if scheme == "gs":

@@ -1,35 +1,28 @@
 """S3-compatible object storage: signed range GETs through the HTTP transport.
 
 The source holds an HttpStore (http/store.py) whose transport signs every request
-with an S3Signer (s3_signer.py); here are S3's own parts: object and bucket URLs
-in path-style or virtual-hosted addressing, listing a prefix, and the checksums
-an object was uploaded with.
+with an S3Signer (signer.py); here are S3's own parts: listing a prefix, and the
+checksums an object was uploaded with. Object and bucket URLs, path-style or
+virtual-hosted, are built in url.py.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from urllib.parse import quote, urlencode, urlparse
+from urllib.parse import quote, urlencode
 
-from ..config import HttpOptions, S3Options
-from ..errors import ConfigError, NotFoundError
-from ..throttle import LimiterStatistics
-from .base import Blob, Source
-from .http.listing import broken_listing, listed, prefix_to_list, xml_listing
-from .http.retry import RetryableError
-from .http.store import HttpStore
-from .http.transport import transport_errors
-from .s3_signer import S3_NAMESPACE, S3Signer, xml_text
+from ...config import HttpOptions, S3Options
+from ...errors import NotFoundError
+from ...throttle import LimiterStatistics
+from ..base import Blob, Source
+from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing
+from ..http.retry import RetryableError
+from ..http.store import HttpStore
+from ..http.transport import transport_errors
+from .signer import S3_NAMESPACE, S3Signer, xml_text
+from .url import bucket_url, object_url, split_s3_url
 
-__all__ = ["S3Source", "split_s3_url"]
-
-
-def split_s3_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/some/key`` -> ``("bucket", "some/key")``."""
-    parsed = urlparse(url)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise ConfigError(f"{url} is not an S3 URL; write s3://bucket/key")
-    return parsed.netloc, parsed.path.lstrip("/")
+__all__ = ["S3Source"]
 
 
 class S3Source(Source):
@@ -64,15 +57,10 @@ class S3Source(Source):
     # -- URLs ----------------------------------------------------------------------
 
     def _bucket_url(self, bucket: str) -> str:
-        endpoint = self._signer.endpoint
-        if self._signer.path_style or "." in bucket:
-            return f"{endpoint}/{bucket}"
-        scheme, _, host = endpoint.partition("://")
-        return f"{scheme}://{bucket}.{host}"
+        return bucket_url(self._signer.endpoint, bucket, path_style=self._signer.path_style)
 
     def _object_url(self, url: str) -> str:
-        bucket, key = split_s3_url(url)
-        return f"{self._bucket_url(bucket)}/{quote(key, safe='/~')}"
+        return object_url(self._signer.endpoint, url, path_style=self._signer.path_style)
 
     # -- checksums -----------------------------------------------------------------
 

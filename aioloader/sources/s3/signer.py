@@ -18,8 +18,8 @@ import xml.etree.ElementTree as ET
 from typing import Any
 from urllib.parse import urlparse
 
-from ..config import S3Options
-from ..errors import ConfigError
+from ...config import S3Options
+from ...errors import ConfigError
 
 __all__ = ["S3_NAMESPACE", "S3Signer", "xml_text"]
 
