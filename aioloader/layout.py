@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from .errors import FormatError, NotFoundError, SourceError
-from .safetensors import load_json
+from .safetensors import DuplicateKeyError, load_json
 from .sources.base import Source
 
 __all__ = ["INDEX_SUFFIX", "ModelLayout", "parse_index", "resolve_layout"]
@@ -60,6 +60,11 @@ def parse_index(raw: bytes, url: str) -> ModelLayout:
     """
     try:
         doc = load_json(raw)
+    except DuplicateKeyError as exc:
+        raise FormatError(
+            f"{url}: the index names {exc.key!r} twice in one object (JSON keeps only the "
+            "last, silently); the index is corrupt: download it again or fix it by hand"
+        ) from exc
     except ValueError as exc:
         raise FormatError(f"{url}: index is not valid JSON ({exc})") from exc
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None

@@ -279,3 +279,59 @@ async def test_dimension_too_large_for_any_framework(tmp_path: Path) -> None:
     header = {"huge": {"dtype": "F32", "shape": [0, 10**20], "data_offsets": [0, 0]}}
     path = write_raw(tmp_path / "m.safetensors", header)
     await _fails(path, HeaderError, "'huge'", "2**63")
+
+
+@pytest.mark.parametrize("shape", [[2**40, 2**40, 0], [0, 2**40, 2**40], [2, 2**62, 2**62, 0]])
+async def test_empty_tensor_too_big_to_index(tmp_path: Path, shape: list[int]) -> None:
+    """No elements, yet its strides overflow 64 bits: torch raised a RuntimeError."""
+    header = {"e": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}
+    path = write_raw(tmp_path / "m.safetensors", header)
+    await _fails(path, HeaderError, "'e'", "2**63 - 1 bytes")
+
+
+async def test_shape_and_offsets_checked_with_exact_integers(tmp_path: Path) -> None:
+    header = {"t": {"dtype": "F32", "shape": [2**40, 2**40, 2], "data_offsets": [0, 8]}}
+    path = write_raw(tmp_path / "m.safetensors", header, bytes(8))
+    await _fails(path, HeaderError, "'t'", f"needs {2**81 * 4} bytes")
+
+
+async def test_index_naming_a_tensor_twice(tmp_path: Path) -> None:
+    tensors = random_tensors(count=4)
+    index = write_sharded(tmp_path, tensors, shards=2)
+    doc = json.loads(index.read_text())
+    first, shard = next(iter(doc["weight_map"].items()))
+    other = next(s for s in doc["weight_map"].values() if s != shard)
+    # JSON text with the key twice (json.dumps cannot write it): the last, right one
+    # would win, and the load would go on as if the index were sound.
+    body = json.dumps(doc["weight_map"])[1:-1]
+    index.write_text(f'{{"weight_map": {{{json.dumps(first)}: "{other}", {body}}}}}')
+    await _fails(index, FormatError, repr(first), "twice")
+
+
+async def test_header_naming_a_tensor_twice(tmp_path: Path) -> None:
+    body = b'{"a": %s, "a": %s}' % (json.dumps(T).encode(), json.dumps(T).encode())
+    path = write_raw(tmp_path / "m.safetensors", body, bytes(8))
+    await _fails(path, HeaderError, "'a' twice")
+
+
+async def test_header_entry_with_a_key_twice(tmp_path: Path) -> None:
+    body = b'{"a": {"dtype": "F32", "dtype": "I32", "shape": [2], "data_offsets": [0, 8]}}'
+    path = write_raw(tmp_path / "m.safetensors", body, bytes(8))
+    await _fails(path, HeaderError, "'dtype'", "twice")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[1, 2]", b'"x"', b'{"a": 1,}', b'{"a" 1}', b'{"a": 1} x', b"{", b'{"a": 1 "b": 2}', b"{}x"],
+)
+async def test_header_json_errors(tmp_path: Path, body: bytes) -> None:
+    path = write_raw(tmp_path / "m.safetensors", body)
+    await _fails(path, HeaderError)
+
+
+async def test_header_with_blanks_everywhere_loads(tmp_path: Path) -> None:
+    body = b' \n{ "a" :\t{"dtype": "F32", "shape": [2], "data_offsets": [0, 8]} ,\r\n'
+    body += b' "__metadata__" : {"k": "v"} } \n'
+    path = write_raw(tmp_path / "m.safetensors", body, bytes(8))
+    got = await load_model(str(path))
+    assert got["a"].tolist() == [0.0, 0.0]
