@@ -44,6 +44,8 @@ DTYPES: dict[str, Dtype] = {
 #: Bytes per element of each dtype.
 DTYPE_SIZES: dict[str, int] = {name: d.size for name, d in DTYPES.items()}
 
+_TORCH_DTYPES: dict[str, Any] = {}
+
 
 def torch_dtype(dtype: str, *, tensor: str = "") -> Any:
     """The torch dtype for a safetensors dtype string.
@@ -51,6 +53,9 @@ def torch_dtype(dtype: str, *, tensor: str = "") -> Any:
     Raises:
         FormatError: this torch build has no such dtype.
     """
+    found = _TORCH_DTYPES.get(dtype)
+    if found is not None:
+        return found
     import torch
 
     entry = DTYPES.get(dtype)
@@ -60,6 +65,7 @@ def torch_dtype(dtype: str, *, tensor: str = "") -> Any:
             f"tensor {tensor!r}: dtype {dtype} has no equivalent in torch {torch.__version__}; "
             "upgrade torch or select other tensors"
         )
+    _TORCH_DTYPES[dtype] = found  # looked up once: a model may hold 300,000 tensors
     return found
 
 

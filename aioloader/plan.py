@@ -6,14 +6,20 @@ at most ``read_size`` bytes, also on 4 KiB boundaries: a big tensor becomes many
 reads that proceed in parallel, many small neighbours share one read, and every
 read can bypass the page cache with ``O_DIRECT``, which needs that alignment.
 
-Reads never overlap, so every byte of a buffer is written exactly once: a tensor
-handed to the caller is never written again, not even by a read of its
-neighbour that covers the same 4 KiB block.
+The reads of a span never overlap, so every byte of a buffer is written exactly
+once: a tensor handed to the caller is never written again, not even by a read of
+its neighbour that covers the same 4 KiB block.
 
 A tensor cut to some of its rows (rows.py) is a span of its own (``sliced``): its
 bytes differ from rank to rank, so it is never merged with neighbours that every
 rank shares. Its buffer may then hold a 4 KiB block that a neighbour's span holds
 too; each buffer gets its own copy.
+
+A span holds at most ``SPAN_TENSORS`` tensors: a device makes every tensor of a
+span at once, and the loader hands out the tensors of a read at once, each without
+letting the event loop run; a file of 300,000 small tensors as one span held the
+loop for seconds. A span cut there may share its last 4 KiB block with the next
+span, which then gets its own copy, as above.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from dataclasses import dataclass
 
 from .safetensors import FileHeader, TensorInfo
 
-__all__ = ["ALIGNMENT", "Read", "Span", "plan_reads"]
+__all__ = ["ALIGNMENT", "SPAN_TENSORS", "Read", "Span", "plan_reads"]
 
 ALIGNMENT = 4096
+#: The most tensors in one span (see the module docstring): about 10 ms of work each.
+SPAN_TENSORS = 1024
 
 
 def _down(n: int) -> int:
@@ -101,7 +109,7 @@ def _spans(
             )
             continue
         # A gap too small to leave a whole aligned block unread costs nothing.
-        if group and _down(tensor.start) > _up(group[-1].end):
+        if group and (_down(tensor.start) > _up(group[-1].end) or len(group) >= SPAN_TENSORS):
             spans.append(Span(file, url, _down(group[0].start), _up(group[-1].end), tuple(group)))
             group = []
         group.append(tensor)

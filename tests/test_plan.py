@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from aioloader.plan import ALIGNMENT, plan_reads
+from aioloader.plan import ALIGNMENT, SPAN_TENSORS, plan_reads
 from aioloader.safetensors import FileHeader, TensorInfo
 
 
@@ -87,3 +87,21 @@ def test_far_apart_selection_makes_separate_spans() -> None:
     spans, reads = plan_reads([header], {"t0", "t2"}, 1 << 20)
     assert [[t.name for t in s.tensors] for s in spans] == [["t0"], ["t2"]]
     assert sum(r.nbytes for r in reads) == 2 * ALIGNMENT  # the unselected middle is not read
+
+
+def test_many_small_tensors_make_spans_of_bounded_size() -> None:
+    """A device makes a span's tensors at once, and a read's tensors are handed out at
+    once, both on the event loop: 300,000 tensors in one span held it for seconds."""
+    header = _header([12] * (3 * SPAN_TENSORS + 5))  # 12 bytes: few aligned boundaries
+    spans, reads = plan_reads([header], None, 16 << 20)
+    assert [len(s.tensors) for s in spans] == [SPAN_TENSORS] * 3 + [5]
+    assert [t for s in spans for t in s.tensors] == list(header.tensors)
+    assert all(len(r.tensors) <= SPAN_TENSORS for r in reads)
+    for a, b in itertools.pairwise(spans):
+        # Neighbours share at most the block a cut falls in; each reads its own copy.
+        assert a.end - ALIGNMENT <= b.start <= a.end
+    for span in spans:
+        mine = [r for r in reads if r.span is span]
+        assert mine[0].start == span.start and mine[-1].end == span.end
+        for a, b in itertools.pairwise(mine):
+            assert a.end == b.start, "a span's reads never overlap"
