@@ -73,7 +73,7 @@ def source_for(
 
         return S3Source(concurrency, http, s3)
     if scheme == "gs":
-        from .gcs import GcsSource
+        from .gcs.source import GcsSource
 
         return GcsSource(concurrency, http)
     raise ConfigError(
