@@ -77,7 +77,7 @@ class _Preloader:
     async def fetch(
         self, urls: list[str], cache_dir: str, options: dict[str, Any]
     ) -> dict[str, Any]:
-        from .cache.store import ModelCache
+        from .cache.model_cache import ModelCache
 
         started = time.perf_counter()
         cache = ModelCache(cache_dir)

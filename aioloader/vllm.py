@@ -245,7 +245,7 @@ def _loader_class() -> type:
             cache_dir = self.options.loader.get("cache_dir")
             url = _weights_url(self.options, model_config)
             if cache_dir and "://" in url and not url.startswith("file://"):
-                from .cache.store import ModelCache
+                from .cache.model_cache import ModelCache
 
                 cache = ModelCache(cache_dir)
                 asyncio.run(cache.fetch(url))

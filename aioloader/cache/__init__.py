@@ -3,18 +3,19 @@
 ``ModelCache(root).fetch(url)`` downloads a model's files into ``root`` once;
 ``Loader(cache_dir=root)`` loads remote models through it, reading complete and
 still-current files from disk and filling the cache while it streams the rest.
-See store.py (the cache), fetch.py (downloads), entry.py (one entry on disk),
-locks.py, ranges.py, info.py (what it reports), tee.py (loading through it),
-links.py (a fetched model's folder of links), paths.py (nothing is written outside
-the cache folder), checksum.py and verify.py (checksums of entries), and space.py
-(the size cap and eviction).
+See model_cache.py (the cache), fetch.py (downloads), entry.py (one entry on disk),
+locks.py, claim.py, ranges.py, records.py (what it reports), caching_source.py
+(loading through it), protocol.py (what the writers need of the cache), commit.py
+(completing entries after a load), links.py (a fetched model's folder of links),
+paths.py (nothing is written outside the cache folder), checksum.py and verify.py
+(checksums of entries), and eviction.py (the size cap and eviction).
 """
 
 from __future__ import annotations
 
-from .info import CachedModel, CacheEntry, CacheStatistics, VerifyResult
-from .store import ModelCache
-from .tee import CachingSource
+from .caching_source import CachingSource
+from .model_cache import ModelCache
+from .records import CachedModel, CacheEntry, CacheStatistics, VerifyResult
 
 __all__ = [
     "CacheEntry",

@@ -9,7 +9,7 @@ entry; ``load_model([u, u])`` waits for itself. So:
 * a holder that waits for nothing else while it holds the entry marks it with
   its ``writer`` lock: a fetch (``ModelCache.fetch``, the daemon), which holds
   each entry only while it downloads that one file, and a load's commit after
-  the load has returned (tee.py, ``Claim.mark``);
+  the load has returned (caching_source.py, ``Claim.mark``);
 * a load waits only for a marked entry. An entry another load holds (it may be
   waiting itself), or a writer that stalled, is read from the remote without
   caching (``BUSY``): never a deadlock, at worst the same bytes downloaded twice;

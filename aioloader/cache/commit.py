@@ -1,6 +1,6 @@
 """Committing finished cache entries after the load that wrote them has returned.
 
-A load through the cache (tee.py) gets each file's bytes into its entry (as they
+A load through the cache (caching_source.py) gets each file's bytes into its entry (as they
 arrive, or, into host memory, in writer threads once the load is over), but
 making the entry complete (waiting for those writes, hashing, ``fsync``, the
 rename to ``data``, ``meta.json``, eviction under the cap) takes as long as the

@@ -25,8 +25,8 @@ from .claim import Claim, claim
 from .entry import EntryFiles, Version, cache_error
 from .locks import acquire
 from .partial import PartialFile
+from .protocol import CacheProtocol
 from .ranges import split
-from .shelf import Shelf
 
 __all__ = ["Progress", "version_of"]
 
@@ -88,7 +88,7 @@ class Fetcher:
 
     def __init__(
         self,
-        cache: Shelf,
+        cache: CacheProtocol,
         source: Source,
         executor: ThreadPoolExecutor,
         limits: Limits,

@@ -15,7 +15,7 @@ from typing import TypeVar
 from .._threads import finish_before_cancel
 from .checksum import hash_file
 from .entry import EntryFiles, read_meta, regular_size
-from .info import VerifyResult
+from .records import VerifyResult
 
 __all__ = ["check_entry", "run_stoppable"]
 

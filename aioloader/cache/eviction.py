@@ -19,9 +19,9 @@ from pathlib import Path
 
 from ..redact import redact
 from .entry import EntryFiles, read_meta
-from .info import CacheEntry
 from .locks import try_acquire
 from .paths import check_dirs, open_file
+from .records import CacheEntry
 
 __all__ = ["evict", "list_entries", "prune_models", "read_cap", "write_cap"]
 

@@ -1,8 +1,8 @@
-"""What loads and fetches need from the cache they fill: the ``Shelf`` protocol.
+"""What loads and fetches need from the cache they fill: ``CacheProtocol``.
 
 ``ModelCache`` implements it. Fetches (fetch.py) and loads through the cache
-(tee.py) depend on this protocol, not on the store, so the store can build both
-without an import cycle.
+(caching_source.py) depend on this protocol, not on model_cache.py, so
+``ModelCache`` can build both without an import cycle.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Protocol
 
 from .entry import EntryFiles
 
-__all__ = ["Shelf"]
+__all__ = ["CacheProtocol"]
 
 
-class Shelf(Protocol):
+class CacheProtocol(Protocol):
     """A node cache, as the code that writes its entries sees it."""
 
     @property

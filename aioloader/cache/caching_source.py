@@ -50,8 +50,8 @@ from .entry import EntryFiles, Version, cache_error, no_room
 from .fetch import version_of
 from .locks import FileLock, acquire
 from .partial import PartialFile, RangeMismatch, clip, range_digest
+from .protocol import CacheProtocol
 from .ranges import RangeSet
-from .shelf import Shelf
 
 __all__ = ["CachingSource"]
 
@@ -295,7 +295,7 @@ class CachingSource(Source):
     """
 
     def __init__(
-        self, inner: Source, cache: Shelf, *, threads: int, write_after: bool = False
+        self, inner: Source, cache: CacheProtocol, *, threads: int, write_after: bool = False
     ) -> None:
         self.inner = inner
         self.cache = cache

@@ -8,7 +8,7 @@ wait outlasts a holder without progress: claim.py, locks.py), and concurrent
 fetches of one model in a process share one task. A
 complete entry is reused only while the remote still reports the same size and
 ETag (or Last-Modified when there is no ETag). With a cap (``max_bytes``, or
-the one recorded in the folder: see space.py), the least recently used entries
+the one recorded in the folder: see eviction.py), the least recently used entries
 are evicted before a new one is written and after it completes, except those a
 process is downloading or reading. Every entry records a checksum of its bytes
 (see checksum.py), which ``verify`` checks again.
@@ -34,11 +34,11 @@ from ..redact import redact
 from ..sources.auto import scheme_of, source_for
 from . import commit
 from .entry import EntryFiles, cache_error, key_of, read_meta
+from .eviction import evict, list_entries, prune_models, read_cap, write_cap
 from .fetch import Fetcher, FetchOptions, Meter, Progress
-from .info import CachedModel, CacheEntry, CacheStatistics, VerifyResult
 from .links import ModelLinks
 from .locks import STALL_SECONDS, acquire, try_acquire_async
-from .space import evict, list_entries, prune_models, read_cap, write_cap
+from .records import CachedModel, CacheEntry, CacheStatistics, VerifyResult
 from .verify import check_entry, run_stoppable
 
 __all__ = ["ModelCache"]
