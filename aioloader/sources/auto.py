@@ -26,7 +26,7 @@ def _is_azure(url: str) -> bool:
     scheme = scheme_of(url)
     if scheme not in ("az", "https"):
         return False
-    from .azure import is_azure_url
+    from .azure.url import is_azure_url
 
     return scheme == "az" or is_azure_url(url)
 
@@ -41,7 +41,7 @@ def store_of(url: str) -> str:
     their one endpoint).
     """
     if _is_azure(url):
-        from .azure import azure_store
+        from .azure.url import azure_store
 
         return f"azure {azure_store(url)}"
     return scheme_of(url)
@@ -57,7 +57,7 @@ def source_for(
     """
     scheme = scheme_of(url)
     if _is_azure(url):
-        from .azure import AzureSource
+        from .azure.source import AzureSource
 
         return AzureSource(concurrency, http)
     if scheme == "file":

@@ -1,0 +1,108 @@
+"""Azure Blob Storage: ``az://container/path`` and ``https://<account>.blob.core.windows.net/...``.
+
+Range GETs through the HTTP transport, pinned to the blob's ETag (``If-Match``),
+and container listing by prefix. The account and its endpoint come from the URL
+(``https://<account>.blob.core.windows.net/``), else from the environment
+(settings.py); the credentials are the signer's (signer.py).
+
+A source serves one account (a Loader keeps one per account: ``store_of`` in
+auto.py), and the SAS or key of the environment goes only to the account it names.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote, urlencode, urlparse
+
+from ...config import HttpOptions
+from ...errors import NotFoundError, SourceError
+from ...redact import redact
+from ...throttle import LimiterStatistics
+from ..base import Blob, Source
+from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing
+from ..http.store import HttpStore
+from .signer import AzureSigner
+from .url import Location, with_query
+
+__all__ = ["AzureSource"]
+
+
+class AzureSource(Source):
+    """Blobs in Azure Blob Storage or Azurite (see the module docstring).
+
+    Args:
+        concurrency: the most requests in flight.
+        http: retries and timeouts.
+    """
+
+    scheme_name = "Azure Blob Storage"
+
+    def __init__(self, concurrency: int, http: HttpOptions | None = None) -> None:
+        self._signer = AzureSigner()
+        self._store = HttpStore(
+            type(self).__name__, concurrency, http or HttpOptions(), self._signer
+        )
+
+    def __repr__(self) -> str:
+        return f"<AzureSource {self._signer.described}>"
+
+    def statistics(self) -> LimiterStatistics:
+        return self._store.statistics()
+
+    async def list_dir(self, url: str) -> list[str] | None:
+        where = Location(url)
+        await self._signer.setup(where)
+        prefix = prefix_to_list(where.name)
+        if prefix is None:
+            return None
+        names: list[str] = []
+        marker = ""
+        while True:
+            params = {"restype": "container", "comp": "list", "prefix": prefix, "delimiter": "/"}
+            if marker:
+                params["marker"] = marker
+            query = urlencode(params, quote_via=quote)
+            fetch_url = with_query(where.container_url, query, await self._signer.query(where))
+            body = await self._store.read_body(
+                url,
+                fetch_url,
+                lambda detail: (
+                    f"{redact(url)}: {detail or 'not found'}; check the container "
+                    f"{where.container!r} of account {where.account!r} at {where.endpoint}"
+                ),
+            )
+            root = xml_listing(url, where.endpoint, body, "EnumerationResults")
+            for blob in root.iter("Blob"):
+                name = blob.findtext("Name")
+                if not name:
+                    raise broken_listing(url, where.endpoint, "a <Blob> has no <Name>")
+                if name.startswith(prefix) and name != prefix:
+                    names.append(name[len(prefix) :])
+            marker = root.findtext("NextMarker") or ""
+            if not marker:
+                return listed(names, where.name)
+
+    async def open(self, url: str) -> Blob:
+        where = Location(url)
+        await self._signer.setup(where)
+        if not where.name:
+            raise SourceError(f"{redact(url)} names a container, not a blob or a prefix/")
+        fetch_url = with_query(where.blob_url(), await self._signer.query(where))
+        try:
+            return await self._store.open(url, fetch_url)
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"{redact(url)} does not exist in container {where.container!r} of account "
+                f"{where.account!r} ({exc}); check the container and blob name"
+            ) from exc
+
+    def join(self, base: str, name: str) -> str:
+        parsed = urlparse(base)
+        path = parsed.path.rstrip("/") + "/" + name
+        return parsed._replace(path=path).geturl()
+
+    def parent(self, url: str) -> str:
+        parsed = urlparse(url)
+        return parsed._replace(path=parsed.path.rsplit("/", 1)[0]).geturl()
+
+    async def aclose(self) -> None:
+        await self._store.aclose()
