@@ -29,6 +29,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...redact import redact
+from ..http.signer import reason_of
 from .settings import AzureSettings
 from .url import Location
 
@@ -127,7 +128,7 @@ class AzureSigner:
             message = (root.findtext("Message") or "").splitlines()[0]
             return f"{code}: {message}".strip(": ")[:300]
         except Exception:
-            return f"{response.reason or ''}".strip()
+            return reason_of(response)
 
     def describe_denied(self, url: str, status: int, detail: str) -> str:
         return (

@@ -19,6 +19,7 @@ from typing import Any
 from ...errors import ConfigError
 from ...redact import redact
 from ..http.rules import same_origin
+from ..http.signer import reason_of
 from .url import ENDPOINT
 
 __all__ = ["GcsSigner"]
@@ -72,7 +73,7 @@ class GcsSigner:
             message = json.loads(body)["error"]["message"]
             return str(message)[:300]
         except Exception:
-            return f"{response.reason or ''}".strip()
+            return reason_of(response)
 
     def describe_denied(self, url: str, status: int, detail: str) -> str:
         return (

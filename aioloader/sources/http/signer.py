@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from .rules import same_origin
 
-__all__ = ["HeaderSigner", "Signer"]
+__all__ = ["HeaderSigner", "Signer", "reason_of"]
 
 
 class Signer(Protocol):
@@ -50,6 +50,11 @@ class Signer(Protocol):
         """The message for ``401`` / ``403``: what was sent, and what to check."""
 
 
+def reason_of(response: Any) -> str:
+    """An answer's reason phrase: the detail of an error whose body says nothing more."""
+    return f"{response.reason or ''}".strip()
+
+
 class HeaderSigner:
     """Plain HTTP: the configured extra headers, only ever sent to the URL's own origin.
 
@@ -75,7 +80,7 @@ class HeaderSigner:
         return headers
 
     async def error_detail(self, response: Any) -> str:
-        return f"{response.reason or ''}".strip()
+        return reason_of(response)
 
     def describe_denied(self, url: str, status: int, detail: str) -> str:
         given = "with the configured headers" if self._headers else "without credentials"

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from ...config import S3Options
 from ...errors import ConfigError
+from ..http.signer import reason_of
 
 __all__ = ["S3_NAMESPACE", "S3Signer", "xml_text"]
 
@@ -173,7 +174,7 @@ class S3Signer:
             body = await response.content.read(8192)
             root = ET.fromstring(body)
         except Exception:  # not XML, or the connection dropped: the status must do
-            return f"{response.reason or ''}".strip()
+            return reason_of(response)
         code = xml_text(root, "Code") or ""
         message = xml_text(root, "Message") or ""
         return f"{code}: {message}".strip(": ")
