@@ -200,3 +200,32 @@ async def test_tensors_changed_as_they_arrive_never_reach_the_cache_changed(
     await ModelCache(root).wait_committed()
     assert {r.status for r in await ModelCache(root).verify()} <= {"ok", "missing"}
     assert_matches_files(await load_model(url, cache_dir=root), path)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("changed", [False, True])
+def test_overlapping_ranges_written_after_hand_out_are_each_checked(
+    tmp_path: Path, direct: bool, changed: bool
+) -> None:
+    """Two spans of a plan may share a 4 KiB block, so writes after hand-out may overlap,
+    and one may start below where the hashing pass has already read."""
+    size = 6 * 4096
+    data = np.random.default_rng(2).integers(0, 256, size, dtype=np.uint8)
+    url = "http://example.invalid/m.safetensors"
+    files = EntryFiles.of(tmp_path / "cache", url)
+    partial = PartialFile.open(files, url, Version(size, '"v1"', None), direct=direct)
+    # [0, 12 KiB), then [8 KiB, 24 KiB): the block [8, 12) KiB is written twice.
+    for start, stop in [(0, 3 * 4096), (2 * 4096, size)]:
+        memory = data[start:stop].copy()
+        views = [memoryview(memory)]
+        digest = range_digest(views)
+        if changed and start > 0:
+            memory[100] ^= 0xFF  # changed before its write, inside the shared block
+        partial.write(start, views, digest)
+    if changed:
+        with pytest.raises(RangeMismatch, match=r"bytes \[\d+, \d+\) of"):
+            partial.complete()
+        partial.close()
+    else:
+        assert partial.complete().complete
+        assert files.data.read_bytes() == data.tobytes()

@@ -156,6 +156,23 @@ async def test_a_process_killed_after_changing_its_tensors_leaves_nothing_wrong(
     assert_matches_files(await load_model(url, cache_dir=root), path)
 
 
+async def test_a_file_of_many_small_tensors_is_cached_whole(
+    http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """Over 1024 tensors in one file: the plan cuts spans that share a 4 KiB block, so
+    the writes after the load overlap; each must still be checked and the entry kept."""
+    tensors = {f"t.{i:05d}": torch.full((37,), float(i)) for i in range(3000)}
+    path = write_file(http_server.root / "m.safetensors", tensors)
+    url = http_server.url_for("m.safetensors")
+    root = tmp_path / "cache"
+    assert_matches_files(await load_model(url, cache_dir=root), path)
+    await ModelCache(root).wait_committed()
+    assert [r.status for r in await ModelCache(root).verify(url)] == ["ok"]
+    http_server.reset_counters()
+    assert_matches_files(await load_model(url, cache_dir=root), path)
+    assert len(http_server.gets()) == 1  # the probe: the bytes came from the cache
+
+
 # -- 2. waits that could close a cycle -------------------------------------------------
 
 

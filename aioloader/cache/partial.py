@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
@@ -99,41 +100,56 @@ class _RangeChecks:
     checked against the file block by block as the pass that hashes it reads it
     (``PrefixHash``'s observer), so the file is read back once.
 
-    A range is always added before that pass reaches it: the pass stops at the
-    written prefix, and a new write starts beyond it.
+    Ranges may overlap (two spans of a plan can share a 4 KiB block): each pending
+    range keeps its own running digest. A range that starts below where the pass has
+    already read (it overlaps bytes hashed before it was written) is read back from
+    the file at ``verify`` instead.
     """
 
-    def __init__(self, checks: Sequence[Check]) -> None:
-        self._pending = sorted(checks)  # not yet hashed to their end, in file order
-        self._running = xxhash.xxh3_64()  # of the first pending range, so far
+    def __init__(self) -> None:
+        # Not yet hashed to their end, in file order: [start, stop, digest, running].
+        self._pending: list[list[Any]] = []
+        self._late: list[Check] = []  # starting below ``_fed``: read back at verify
+        self._fed = 0  # where the hashing pass has reached
         self._bad: Check | None = None
         self._lock = threading.Lock()  # writers add while a hashing thread feeds
 
     def add(self, check: Check) -> None:
         with self._lock:
-            bisect.insort(self._pending, check)
+            if check[0] < self._fed:
+                self._late.append(check)
+            else:
+                bisect.insort(self._pending, [*check, None], key=lambda p: (p[0], p[1]))
 
     def feed(self, position: int, data: memoryview) -> None:
         end = position + data.nbytes
         with self._lock:
-            while self._pending:
-                start, stop, expected = self._pending[0]
+            self._fed = max(self._fed, end)
+            i = 0
+            while i < len(self._pending):
+                item = self._pending[i]
+                start, stop, expected, running = item
                 if start >= end:
                     return
+                if running is None:
+                    running = item[3] = xxhash.xxh3_64()
                 low, high = max(start, position), min(stop, end)
                 if low < high:
-                    self._running.update(data[low - position : high - position])
+                    running.update(data[low - position : high - position])
                 if stop > end:
-                    return
-                if self._running.hexdigest() != expected and self._bad is None:
-                    self._bad = self._pending[0]
-                del self._pending[0]
-                self._running = xxhash.xxh3_64()
+                    i += 1
+                    continue
+                if running.hexdigest() != expected and self._bad is None:
+                    self._bad = (start, stop, expected)
+                del self._pending[i]
 
-    def verify(self, path: Path) -> None:
+    def verify(self, fd: int, path: Path) -> None:
         """Raise ``RangeMismatch`` naming the first range whose bytes changed."""
         with self._lock:
-            bad = self._bad
+            bad, late = self._bad, list(self._late)
+        for check in late:
+            if bad is None and _digest_of(fd, check[0], check[1]) != check[2]:
+                bad = check
         if bad is not None:
             raise RangeMismatch(
                 f"bytes [{bad[0]}, {bad[1]}) of {path} are not the bytes that arrived: "
@@ -249,12 +265,11 @@ class PartialFile:
         journal: int,
         published: Published | None = None,
         direct: int | None = None,
-        checks: Sequence[Check] = (),
     ) -> None:
         self.files = files
         self.meta = meta
         self.done = done
-        self._checks = _RangeChecks(checks)
+        self._checks = _RangeChecks()
         self._fd: int | None = fd
         self._journal = journal
         self._direct = direct
@@ -406,7 +421,7 @@ class PartialFile:
         if not self.finished:
             raise ValueError(f"{self.files.partial} is not complete yet")
         self._digest.advance(fd, lambda: self.size, wait=True)
-        self._checks.verify(self.files.partial)
+        self._checks.verify(fd, self.files.partial)
         actual = self._digest.published_form()
         if self._published is not None and actual != self._published.value:
             raise DigestMismatch(self._published, actual or "")
