@@ -11,12 +11,12 @@ from __future__ import annotations
 from .api import Loader, ModelInfo, StreamStatistics, TensorStream, inspect_model, load_model
 from .cache import CachedModel, ModelCache
 from .config import HttpOptions, Limits, S3Options
-from .distributed import DistributedError
 from .errors import (
     AccessDeniedError,
     CacheError,
     ClosedError,
     ConfigError,
+    DistributedError,
     FormatError,
     HeaderError,
     LoaderError,

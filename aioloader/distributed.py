@@ -10,7 +10,8 @@ tensors' final memory, and every read is broadcast from the rank that read it
 straight into the same place on every other rank: no extra copy, and nothing held
 beyond the tensors themselves.
 
-The broadcasts run in one thread per rank, in the same order on every rank (round
+The broadcasts run in one thread per rank ("aioloader-exchange", owned by the load
+and closed with it), in the same order on every rank (round
 robin over the shares, so each rank's first reads go out first), two at a time,
 while the event loop goes on reading: exchange overlaps reading. Each read's data goes after a
 small status broadcast from its owner, so that a rank that fails (or is
@@ -38,9 +39,10 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
-from ._threads import finish_before_cancel
+from ._threads import finish_before_cancel, run_blocking
 from .agreement import (
     Status,
     compare,
@@ -51,7 +53,7 @@ from .agreement import (
     tensor_table,
     this_machine,
 )
-from .errors import ConfigError, LoaderError
+from .errors import ConfigError, DistributedError
 from .plan import Read, Span
 from .safetensors import FileHeader
 from .sources.base import Blob
@@ -65,10 +67,11 @@ _UNIT = 64 << 20  # the most bytes of neighbouring reads broadcast at once
 # default, so while one unit goes out the next one's status and data can start. With
 # 4 ranks on 2 vCPUs a 1.08 GB load took 4.7-5.3 s this way, 5.9-9.9 s one at a time.
 _IN_FLIGHT = 2
+# The thread a collective waits in: its own, never the default executor's, which a
+# collective waiting for a slow rank would hold for up to the group's timeout.
+_THREAD = "aioloader-exchange"
 
-
-class DistributedError(LoaderError):
-    """Another rank of the group failed, or the ranks disagree on what to load."""
+T = TypeVar("T")
 
 
 def split_by_bytes(reads: Sequence[Read], ranks: int) -> list[int]:
@@ -98,11 +101,15 @@ def _gather(group: Any, mine: Any) -> list[Any]:
     return gathered
 
 
+async def _collective(fn: Callable[[], T]) -> T:
+    """Run the blocking ``fn`` in a thread of its own, closed once ``fn`` returns."""
+    with ThreadPoolExecutor(1, thread_name_prefix=_THREAD) as pool:
+        return await run_blocking(pool, fn)
+
+
 async def announce_failure(group: Any, error: BaseException) -> None:
     """Tell the other ranks, waiting in ``Exchange.agree``, that this one cannot load."""
-    from ._threads import run_blocking
-
-    await run_blocking(None, lambda: _gather(group, failed(this_machine(), error, _MESSAGE)))
+    await _collective(lambda: _gather(group, failed(this_machine(), error, _MESSAGE)))
 
 
 class Exchange:
@@ -140,19 +147,18 @@ class Exchange:
         Raises:
             DistributedError: on every rank alike, naming the file and what differs.
         """
-        from ._threads import run_blocking
 
         def mine() -> Status:  # blocking: stats local files
             return Status(this_machine(), plan_digest(self.reads), identify(blobs, headers))
 
-        statuses = await run_blocking(None, lambda: _gather(self.group, mine()))
+        statuses = await _collective(lambda: _gather(self.group, mine()))
         verdict = compare(statuses, self.rank)
         if verdict is None:
             return
         message = verdict.message
         if verdict.file is not None:  # every rank reaches it: name the first tensor apart
             table = tensor_table(headers[verdict.file])
-            tables = await run_blocking(None, lambda: _gather(self.group, table))
+            tables = await _collective(lambda: _gather(self.group, table))
             message += f" (first difference: {describe_tables(tables)})"
         raise DistributedError(message)
 
@@ -270,7 +276,8 @@ async def run_exchange(
     landed: Callable[[Read], None],
     keep: Callable[[Read, memoryview], None] | None = None,
 ) -> None:
-    """Run ``ex``'s broadcasts in a thread; ``landed`` hears of each read received.
+    """Run ``ex``'s broadcasts in a thread of their own; ``landed`` hears of each read
+    received.
 
     ``keep`` (if given) sees each received read's bytes first, in the exchange's thread,
     before its tensors are handed out: e.g. to write them into the node cache.
@@ -289,11 +296,12 @@ async def run_exchange(
             keep(read, buffer_of(read.span, read.start, read.end))
         loop.call_soon_threadsafe(landed, read)
 
-    future = loop.run_in_executor(None, lambda: ex.run(buffer_of, received))
-    try:
-        await asyncio.shield(future)
-    except asyncio.CancelledError:
-        ex.fail("cancelled")
-        with contextlib.suppress(Exception):  # its error names this rank's cancellation
-            await finish_before_cancel(future)
-        raise
+    with ThreadPoolExecutor(1, thread_name_prefix=_THREAD) as pool:
+        future = loop.run_in_executor(pool, lambda: ex.run(buffer_of, received))
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            ex.fail("cancelled")
+            with contextlib.suppress(Exception):  # its error names this rank's cancellation
+                await finish_before_cancel(future)
+            raise

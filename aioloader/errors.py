@@ -16,6 +16,8 @@ do about it. The tree is shallow on purpose::
     │   └── UnsupportedFormatError        a pickle/.bin, GGUF, LFS pointer, ...
     ├── SelectionError (KeyError)         asked for tensors the model does not have
     ├── CacheError                        the local model cache cannot be written or used
+    ├── DistributedError                  another rank failed, or the ranks disagree
+    ├── StartupError                      the preload daemon cannot start
     └── ClosedError (RuntimeError)        the Loader was used after aclose()
 
 ``asyncio.CancelledError`` is never wrapped: cancelling a load cancels it.
@@ -34,6 +36,7 @@ __all__ = [
     "CacheError",
     "ClosedError",
     "ConfigError",
+    "DistributedError",
     "FormatError",
     "HeaderError",
     "LoaderError",
@@ -43,6 +46,7 @@ __all__ = [
     "ReadTimeoutError",
     "SelectionError",
     "SourceError",
+    "StartupError",
     "UnsupportedFormatError",
 ]
 
@@ -129,6 +133,14 @@ class CacheError(LoaderError):
     permissions, point ``AIOLOADER_CACHE_DIR`` elsewhere, or pass ``cache_dir=False``).
     A failed write never leaves an entry marked complete.
     """
+
+
+class DistributedError(LoaderError):
+    """Another rank of the group failed, or the ranks disagree on what to load."""
+
+
+class StartupError(LoaderError):
+    """The daemon cannot start; the message says why and what to do."""
 
 
 class ClosedError(LoaderError, RuntimeError):

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, LoaderError
+from ..errors import ConfigError, LoaderError, StartupError
 from ..redact import RedactingFilter, redacting_logger
 from .config import DaemonConfig, config_from_args
 
@@ -46,10 +46,6 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # Connections waiting to be accepted. Probes, scrapers and pods of a whole node can
 # arrive at once, and a connection beyond the backlog waits a second (a SYN resend).
 _BACKLOG = 1024
-
-
-class StartupError(LoaderError):
-    """The daemon cannot start; the message says why and what to do."""
 
 
 def _check_writable(folder: Path) -> None:
