@@ -7,10 +7,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from .container_memory import MemoryLimit, detect_memory_limit
 from .errors import ConfigError
-from .memory import MemoryLimit, detect_memory_limit
 
-__all__ = ["HttpOptions", "Limits", "S3Options", "check_number", "parse_size"]
+__all__ = ["HttpOptions", "Limits", "S3Options", "check_number", "parse_size", "staging_budget"]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -111,6 +111,36 @@ def format_size(n: float) -> str:
     return f"{int(n)} B"
 
 
+def staging_budget(memory_limit: int | str | None, ceiling: MemoryLimit) -> int:
+    """The staging budget in bytes, within the memory ``ceiling`` of this process.
+
+    Args:
+        memory_limit: the budget asked for, or ``None`` for the default: an eighth of
+            the ceiling, at most 2 GiB.
+        ceiling: what this process may use (``container_memory.detect_memory_limit``).
+
+    Raises:
+        ConfigError: ``memory_limit`` is not a size, is too small, or is not below the
+            ceiling (the container would be OOM-killed).
+    """
+    allowed = ceiling.bytes
+    if memory_limit is None:
+        return max(MIN_MEMORY_LIMIT, min(allowed // DEFAULT_MEMORY_SHARE, DEFAULT_MEMORY_CAP))
+    budget = parse_size(memory_limit, what="memory_limit")
+    if budget < MIN_MEMORY_LIMIT:
+        raise ConfigError(
+            f"memory_limit must be at least {format_size(MIN_MEMORY_LIMIT)}, got {budget} bytes"
+        )
+    if budget >= allowed:
+        raise ConfigError(
+            f"memory_limit {format_size(budget)} is not below what this process may use "
+            f"({format_size(allowed)}, from {ceiling.source}); the container "
+            f"would be OOM-killed. Use at most half of it, e.g. "
+            f"memory_limit={allowed // 2}, or leave it unset for a safe default."
+        )
+    return budget
+
+
 @dataclass(frozen=True)
 class Limits:
     """How hard a load may push the machine.
@@ -128,7 +158,6 @@ class Limits:
     concurrency: int = DEFAULT_CONCURRENCY
     chunk_size: int = DEFAULT_CHUNK_SIZE
     memory_limit: int | None = None
-    _container: MemoryLimit = field(default_factory=detect_memory_limit, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_number("concurrency", self.concurrency, integer=True, positive=True)
@@ -138,29 +167,9 @@ class Limits:
         if chunk < 4 * KiB:
             raise ConfigError(f"chunk_size must be at least 4 KiB, got {chunk} bytes")
         object.__setattr__(self, "chunk_size", chunk)
-        allowed = self._container.bytes
-        if self.memory_limit is None:
-            budget = max(MIN_MEMORY_LIMIT, min(allowed // DEFAULT_MEMORY_SHARE, DEFAULT_MEMORY_CAP))
-        else:
-            budget = parse_size(self.memory_limit, what="memory_limit")
-            if budget < MIN_MEMORY_LIMIT:
-                raise ConfigError(
-                    f"memory_limit must be at least {format_size(MIN_MEMORY_LIMIT)}, "
-                    f"got {budget} bytes"
-                )
-            if budget >= allowed:
-                raise ConfigError(
-                    f"memory_limit {format_size(budget)} is not below what this process may use "
-                    f"({format_size(allowed)}, from {self._container.source}); the container "
-                    f"would be OOM-killed. Use at most half of it, e.g. "
-                    f"memory_limit={allowed // 2}, or leave it unset for a safe default."
-                )
+        # The ceiling is read afresh and not kept: this value holds settings, not the host.
+        budget = staging_budget(self.memory_limit, detect_memory_limit())
         object.__setattr__(self, "memory_limit", budget)
-
-    @property
-    def container_memory(self) -> MemoryLimit:
-        """The memory ceiling the defaults were derived from."""
-        return self._container
 
     @property
     def staging_bytes(self) -> int:

@@ -2,7 +2,8 @@
 
 Kubernetes enforces a pod's ``resources.limits.memory`` through the cgroup it puts
 the container in; going over it gets the process OOM-killed with no Python error.
-So the default staging budget is derived from that limit, never from a constant.
+So the default staging budget is derived from that limit, never from a constant
+(``config.staging_budget``; ``Limits`` reads the limit here when it is made).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Memory limits: derived from the container, refused above it."""
+"""The container's memory ceiling, and the staging budget derived from it, refused above it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from aioloader import ConfigError, Limits
-from aioloader.config import parse_size
-from aioloader.memory import MemoryLimit, detect_memory_limit
+from aioloader.config import parse_size, staging_budget
+from aioloader.container_memory import MemoryLimit, detect_memory_limit
 
 GiB = 1 << 30
 
@@ -60,23 +60,25 @@ def test_v1_unlimited_falls_back_to_ram(tmp_path: Path) -> None:
 
 
 def test_default_budget_is_a_fraction_of_the_container() -> None:
-    limits = Limits(_container=MemoryLimit(4 * GiB, "test"))
-    assert limits.staging_bytes == 4 * GiB // 8
-    big = Limits(_container=MemoryLimit(512 * GiB, "test"))
-    assert big.staging_bytes == 2 * GiB
+    assert staging_budget(None, MemoryLimit(4 * GiB, "test")) == 4 * GiB // 8
+    assert staging_budget(None, MemoryLimit(512 * GiB, "test")) == 2 * GiB
+    assert Limits().staging_bytes == staging_budget(None, detect_memory_limit())
 
 
 def test_limit_above_container_is_refused() -> None:
     # The article's failure: a 40 GB buffer in a 32 GiB container gets OOM-killed.
     with pytest.raises(ConfigError) as info:
-        Limits(memory_limit="40GB", _container=MemoryLimit(32 * GiB, "cgroup v2 /x/memory.max"))
+        staging_budget("40GB", MemoryLimit(32 * GiB, "cgroup v2 /x/memory.max"))
     message = str(info.value)
     assert "OOM" in message and "/x/memory.max" in message and "memory_limit=" in message
+    # Limits reads this process's own ceiling and refuses the same way.
+    with pytest.raises(ConfigError, match="OOM"):
+        Limits(memory_limit=detect_memory_limit().bytes)
 
 
 def test_explicit_limit_below_container_is_kept() -> None:
-    limits = Limits(memory_limit="16GiB", _container=MemoryLimit(32 * GiB, "test"))
-    assert limits.staging_bytes == 16 * GiB
+    assert staging_budget("16GiB", MemoryLimit(32 * GiB, "test")) == 16 * GiB
+    assert Limits(memory_limit="1MiB").staging_bytes == 1 << 20
 
 
 @pytest.mark.parametrize(
