@@ -6,21 +6,11 @@ request: size and ETag), then:
 
 * the entry is complete and the same version: the local file is read instead,
   holding the entry's ``use`` lock (shared) so that eviction leaves it alone;
-* otherwise, when no other process is downloading it: a ``_TeeBlob`` reads from
-  the remote and writes the same bytes into the entry's partial file, so one
-  network read serves both. Ranges already in a partial file are read locally.
-  Once every byte has been written (a full load reads them all), closing the
-  blob hands the entry to a commit thread, which completes it after the load
-  has returned (commit.py); a partial load leaves it resumable;
-* into host memory (``write_after``), a read returns as soon as its bytes have
-  arrived and their digest is taken; its write waits until the blob is closed,
-  when the load's reads are over, and runs in writer threads while the commit
-  waits for it. The load goes at the remote's speed with no disk write in it
-  (docs/benchmarks.md). A tensor changed in place before its bytes were written
-  costs the entry (the commit checks each range against its digest, partial.py),
-  never its correctness; the memory of the tensors stays alive until written.
-  Staged (GPU) loads reuse their buffers at once and write before each read
-  returns;
+* otherwise, when no other process is downloading it: a ``FillingBlob`` reads from
+  the remote and writes the same bytes into the entry's partial file
+  (filling_blob.py), before each read returns for staged (GPU) loads, whose buffers
+  are reused at once (write_through.py), or after the load for loads into host
+  memory (write_after.py);
 * otherwise the remote blob is returned as it is.
 
 When the cache cannot take the bytes (a full disk, a quota, a read-only or
@@ -33,34 +23,30 @@ after its caller was cancelled.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_all
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
-from .._threads import SharedPool, run_blocking
+from .._threads import run_blocking
 from ..errors import CacheError, ClosedError
 from ..sources.base import Blob, Source, aclose_all
 from ..sources.file import FileSource
-from . import commit
 from .claim import BUSY, Claim, claim
-from .entry import EntryFiles, Version, cache_error, no_room
+from .entry import EntryFiles, Version, cache_error, discard_quietly, no_room
 from .fetch import version_of
+from .filling_blob import FillingBlob, WriteMode
 from .locks import FileLock, acquire
-from .partial import PartialFile, RangeMismatch, clip, range_digest
+from .partial import PartialFile
 from .protocol import CacheProtocol
-from .ranges import RangeSet
+from .write_after import WriteAfter
+from .write_through import WriteThrough
 
 __all__ = ["CachingSource"]
 
 logger = logging.getLogger("aioloader")
 
-# Writer threads for the writes after a load, shared by the process: O_DIRECT writes
-# of whole reads, so a handful keeps the disk's queue full. A process that exits
-# normally finishes the writes (and the commits waiting for them).
-_writers = SharedPool(8, "aioloader-cache-write")
+T = TypeVar("T")
 
 
 class _LocalBlob(Blob):
@@ -81,7 +67,7 @@ class _LocalBlob(Blob):
         self._source = source
         self._local = local
         self._use = use
-        source._open_blobs.add(self)
+        source.track(self)
 
     def __repr__(self) -> str:
         return f"<cached {self._local!r} for {self.url!r}>"
@@ -93,192 +79,12 @@ class _LocalBlob(Blob):
         await self._local.read_into(offset, buffers)
 
     async def aclose(self) -> None:
-        self._source._open_blobs.discard(self)
+        self._source.untrack(self)
         try:
             await self._local.aclose()
         finally:
             if self._use is not None:
                 self._use.release()
-
-
-def _discard_quietly(files: EntryFiles) -> None:
-    """Delete an entry's bytes when the cache gave up on it (a read-only one keeps them)."""
-    with contextlib.suppress(OSError):
-        files.discard()
-
-
-class _TeeBlob(Blob):
-    """A remote blob whose bytes are also written into the entry's partial file.
-
-    When a write finds the cache full, the blob stops caching (``_partial`` is
-    None) and reads on from the remote; ``aclose`` then deletes the partial files.
-    """
-
-    def __init__(
-        self,
-        source: CachingSource,
-        remote: Blob,
-        partial: PartialFile,
-        lock: Claim,
-    ) -> None:
-        self.url = remote.url
-        self.size = remote.size
-        self.etag = getattr(remote, "etag", None)  # the version, for the ranks of a group
-        self.last_modified = getattr(remote, "last_modified", None)
-        self._source = source
-        self._remote = remote
-        self._partial: PartialFile | None = partial
-        self._owned = partial
-        self._lock = lock
-        self._closed = False
-        self._after = source.write_after
-        # Ranges received and not written yet, with their digests on arrival.
-        self._queued: list[tuple[int, list[memoryview], str]] = []
-        self._write_error: OSError | None = None  # the first a writer thread met
-        source._open_blobs.add(self)
-
-    def __repr__(self) -> str:
-        have = self._partial.done.total if self._partial is not None else "uncached"
-        return f"<caching {self._remote!r} have={have}/{self.size}>"
-
-    async def _blocking(self, fn: Callable[[], Any]) -> Any:
-        if self._closed:
-            raise ClosedError(f"{self.url} was already closed")
-        return await run_blocking(self._source._pool(), fn)
-
-    async def read_bytes(self, offset: int, length: int) -> bytes:
-        buffer = bytearray(max(0, min(length, self.size - offset)))
-        await self.read_into(offset, [memoryview(buffer)])
-        return bytes(buffer)
-
-    async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        partial = self._partial
-        if partial is None:
-            await self._remote.read_into(offset, buffers)
-            return
-        end = offset + sum(b.nbytes for b in clip(buffers, self.size - offset))
-        root = self._source.cache.root
-        if partial.covers(offset, end):
-            try:
-                await self._blocking(lambda: partial.read(offset, buffers))
-            except OSError as exc:
-                raise cache_error(exc, root, f"reading the cache of {self.url}") from exc
-            return
-        await self._remote.read_into(offset, buffers)
-        self._lock.beat()
-        self._source.cache.record_download(end - offset)
-        if self._after:
-            if end > offset:
-                views = clip(buffers, self.size - offset)
-                digest = await self._blocking(lambda: range_digest(views))
-                self._queued.append((offset, views, digest))
-            return
-        try:
-            await self._blocking(lambda: partial.write(offset, buffers))
-        except OSError as exc:
-            if not no_room(exc):
-                raise cache_error(exc, root, f"writing {self.url}") from exc
-            # The bytes are in the caller's buffers already: only the cache gives up.
-            self._partial = None
-            self._source.cache.warn_uncached(exc, self.url)
-
-    def received(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        """Bytes of this file that reached the caller another way (another rank of a
-        ``group=`` load sent them): cached as if read here, so that the entry completes
-        though this process read only its share. They are the caller's tensors, which
-        stay alive until written, like ``write_after``'s. Blocking (takes their digest)
-        and safe beside reads: called from the exchange's thread."""
-        partial = self._partial
-        if partial is None or self._closed:
-            return
-        views = clip(buffers, self.size - offset)
-        end = offset + sum(v.nbytes for v in views)
-        if end > offset and not partial.covers(offset, end):
-            self._queued.append((offset, views, range_digest(views)))
-
-    def _write_queued(
-        self, partial: PartialFile, offset: int, views: list[memoryview], digest: str
-    ) -> None:
-        """One read's bytes into the partial file (in a writer thread)."""
-        if self._write_error is not None:
-            return  # the cache has given up on this file
-        try:
-            partial.write(offset, views, digest)
-        except OSError as exc:
-            if self._write_error is None:
-                self._write_error = exc
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._source._open_blobs.discard(self)
-        handed_off = False
-        try:
-            await self._remote.aclose()
-            partial = self._partial
-            if partial is not None:
-                # The tensors are out: what is left (writing the queued ranges, then
-                # completing the entry if every byte is there) need not hold the load
-                # up, and runs after it (commit.py).
-                queued, self._queued = self._queued, []
-                writes = [_writers.get().submit(self._write_queued, partial, *j) for j in queued]
-                submitted = RangeSet(
-                    (offset, offset + sum(v.nbytes for v in views)) for offset, views, _ in queued
-                )
-                finished = partial.covered_with(submitted)
-                if finished or writes:
-                    # From here the holder waits for nothing else: other loads may wait.
-                    with contextlib.suppress(OSError):
-                        self._lock.mark(partial.files)
-                    root = self._source.cache.root
-                    commit.submit(root, lambda: self._settle(partial, writes, finished))
-                    handed_off = True
-        finally:
-            self._closed = True
-            if not handed_off:
-                try:
-                    if self._partial is None:
-                        # The cache gave up on this file: leave none of it behind.
-                        await run_blocking(self._source._pool(), self._discard)
-                finally:
-                    self._owned.close()
-                    self._lock.release()
-
-    def _discard(self) -> None:
-        self._owned.close()
-        _discard_quietly(self._owned.files)
-
-    def _settle(self, partial: PartialFile, writes: list[Future[None]], finished: bool) -> None:
-        """Wait for the queued writes, complete the entry when ``finished`` (else it stays
-        resumable), then let it go: in a commit thread, so errors are logged."""
-        cache = self._source.cache
-        try:
-            wait_all(writes)
-            if self._write_error is not None:
-                raise self._write_error
-            if finished:
-                partial.complete()
-        except RangeMismatch as exc:
-            logger.warning("model cache %s: %s; not caching %s", cache.root, exc, self.url)
-            self._discard()
-        except OSError as exc:
-            # The tensors are loaded already: nothing to fail but the entry.
-            if no_room(exc):
-                cache.warn_uncached(exc, self.url)
-                self._discard()
-            else:
-                logger.warning("%s", cache_error(exc, cache.root, f"completing {self.url}"))
-        except Exception:
-            logger.exception("completing the cache entry of %s failed", self.url)
-        else:
-            if finished:
-                try:
-                    cache.after_complete(self.url)
-                except CacheError as exc:
-                    logger.warning("%s", exc)
-        finally:
-            self._owned.close()
-            self._lock.release()
 
 
 class CachingSource(Source):
@@ -289,7 +95,8 @@ class CachingSource(Source):
         cache: the cache to read from and fill.
         threads: threads for local reads and cache writes, normally ``concurrency``.
         write_after: the buffers reads land in are the caller's tensors, which stay
-            as they are: write them after the load (see the module docstring).
+            as they are: write them after the load (write_after.py); else each read
+            is written before it returns (write_through.py).
 
     ``aclose`` releases the threads; ``inner`` belongs to the caller and stays open.
     """
@@ -300,13 +107,14 @@ class CachingSource(Source):
         self.inner = inner
         self.cache = cache
         self.write_after = write_after
+        self._mode: WriteMode = WriteAfter() if write_after else WriteThrough()
         self._threads = threads
         self._local: FileSource | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
         # Blobs handed out and not closed yet: closed with the source at the latest,
         # so a caller that lost one (cancelled mid-cleanup) leaks no lock for long.
-        self._open_blobs: set[_LocalBlob | _TeeBlob] = set()
+        self._open_blobs: set[Blob] = set()
 
     def __repr__(self) -> str:
         return f"<CachingSource {self.inner!r} cache={self.cache!r}>"
@@ -317,6 +125,22 @@ class CachingSource(Source):
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="aioloader-cache")
         return self._executor
+
+    def track(self, blob: Blob) -> None:
+        """Count ``blob`` as handed out: ``aclose`` closes it if its caller does not."""
+        self._open_blobs.add(blob)
+
+    def untrack(self, blob: Blob) -> None:
+        """``blob`` is being closed by its caller."""
+        self._open_blobs.discard(blob)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (local reads, cache writes) in this source's threads.
+
+        Raises:
+            ClosedError: the source is closed.
+        """
+        return await run_blocking(self._pool(), fn)
 
     def _local_source(self) -> FileSource:
         if self._local is None:
@@ -339,7 +163,7 @@ class CachingSource(Source):
         except BaseException:
             await remote.aclose()
             raise
-        if blob is not remote and not isinstance(blob, _TeeBlob):
+        if blob is not remote and not isinstance(blob, FillingBlob):
             try:
                 await remote.aclose()
             except BaseException:
@@ -347,9 +171,9 @@ class CachingSource(Source):
                 raise
         return blob
 
-    async def _blocking(self, fn: Callable[[], Any], url: str, doing: str) -> Any:
+    async def _blocking(self, fn: Callable[[], T], url: str, doing: str) -> T:
         try:
-            return await run_blocking(self._pool(), fn)
+            return await self.run(fn)
         except OSError as exc:
             raise cache_error(exc, self.cache.root, f"{doing} {url}") from exc
 
@@ -387,7 +211,7 @@ class CachingSource(Source):
             return remote
         partial.heartbeat = lock.beat
         self.cache.record(hit=False)
-        return _TeeBlob(self, remote, partial, lock)
+        return FillingBlob(self, remote, partial, lock, self._mode)
 
     async def _open_local(self, url: str, files: EntryFiles, version: Version) -> Blob | None:
         """The complete entry of ``version``, held by its ``use`` lock; else None."""
@@ -438,7 +262,7 @@ class CachingSource(Source):
             if not no_room(exc):
                 raise cache_error(exc, self.cache.root, f"preparing {url}") from exc
             problem = exc
-        await run_blocking(self._pool(), lambda: _discard_quietly(files))
+        await self.run(lambda: discard_quietly(files))
         self.cache.warn_uncached(problem, url)
         return None
 

@@ -1,12 +1,12 @@
 """Committing finished cache entries after the load that wrote them has returned.
 
-A load through the cache (caching_source.py) gets each file's bytes into its entry (as they
-arrive, or, into host memory, in writer threads once the load is over), but
+A load through the cache (filling_blob.py) gets each file's bytes into its entry (as
+they arrive, or, into host memory, in writer threads once the load is over), but
 making the entry complete (waiting for those writes, hashing, ``fsync``, the
 rename to ``data``, ``meta.json``, eviction under the cap) takes as long as the
 disk needs to take the file: seconds for a large model. That work is not what the
-caller waits for, so it runs here, in a small process-wide thread pool, while the
-entry stays locked exactly as it was during the download.
+caller waits for, so it runs here (``settle``), in a small process-wide thread pool,
+while the entry stays locked exactly as it was during the download.
 
 What a crash does to an entry whose commit had not finished: its ``data.partial``
 and journal stay, ``meta.json`` still says incomplete, and its lock is dropped
@@ -23,14 +23,22 @@ for its pending commits (Python joins them before it shuts down).
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
 from .._threads import SharedPool
+from ..errors import CacheError
+from .entry import cache_error, discard_quietly, no_room
+from .partial import PartialFile, RangeMismatch
+from .protocol import CacheProtocol
+from .write_after import LaterWrites
 
-__all__ = ["pending", "submit", "wait"]
+__all__ = ["settle", "submit", "wait"]
+
+logger = logging.getLogger("aioloader")
 
 _pool = SharedPool(2, "aioloader-commit")
 _lock = threading.Lock()
@@ -55,12 +63,6 @@ def submit(root: Path, job: Callable[[], None]) -> None:
     future.add_done_callback(done)
 
 
-def pending(root: Path) -> int:
-    """How many commits under ``root`` are queued or running."""
-    with _lock:
-        return len(_pending.get(str(root), ()))
-
-
 async def wait(root: Path) -> None:
     """Wait until every commit under ``root`` submitted so far has finished.
 
@@ -70,3 +72,41 @@ async def wait(root: Path) -> None:
         futures = list(_pending.get(str(root), ()))
     for future in futures:
         await asyncio.shield(asyncio.wrap_future(future))
+
+
+def settle(
+    cache: CacheProtocol,
+    url: str,
+    partial: PartialFile,
+    later: LaterWrites,
+    finished: bool,
+    release: Callable[[], None],
+) -> None:
+    """Wait for the ``later`` writes, complete the entry when ``finished`` (else it stays
+    resumable), then ``release`` it: the job a load hands to ``submit``, so it logs its
+    errors (the tensors are loaded already: nothing can fail but the entry)."""
+    try:
+        later.finish()
+        if finished:
+            partial.complete()
+    except RangeMismatch as exc:
+        logger.warning("model cache %s: %s; not caching %s", cache.root, exc, url)
+        partial.close()
+        discard_quietly(partial.files)
+    except OSError as exc:
+        if no_room(exc):
+            cache.warn_uncached(exc, url)
+            partial.close()
+            discard_quietly(partial.files)
+        else:
+            logger.warning("%s", cache_error(exc, cache.root, f"completing {url}"))
+    except Exception:
+        logger.exception("completing the cache entry of %s failed", url)
+    else:
+        if finished:
+            try:
+                cache.after_complete(url)
+            except CacheError as exc:
+                logger.warning("%s", exc)
+    finally:
+        release()

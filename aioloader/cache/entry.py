@@ -43,6 +43,7 @@ __all__ = [
     "Meta",
     "Version",
     "cache_error",
+    "discard_quietly",
     "fsync_dir",
     "key_of",
     "no_room",
@@ -242,6 +243,12 @@ class EntryFiles:
                 raise
             return False
         return True
+
+
+def discard_quietly(files: EntryFiles) -> None:
+    """Delete an entry's bytes when the cache gave up on it (a read-only one keeps them)."""
+    with contextlib.suppress(OSError):
+        files.discard()
 
 
 def regular_size(path: Path) -> int | None:
