@@ -21,8 +21,11 @@ user info and the parameters known to carry a signature or a credential are
 dropped (a deny-list here: an unknown parameter may name the object, and keeping
 it costs at most a second cache entry). The node cache keys its entries by it.
 
-``redact`` is pure and idempotent. ``RedactingFilter`` applies it to log records;
-it is installed on the ``aioloader`` logger when this module is imported.
+``redact`` is pure and idempotent. ``RedactingFilter`` applies it to log records.
+A filter on a logger sees only that logger's own records, not its children's, so
+every module makes its logger with ``redacting_logger(__name__)`` rather than
+``logging.getLogger``; the ``aioloader`` logger itself gets the filter when this
+module is imported.
 """
 
 from __future__ import annotations

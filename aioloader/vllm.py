@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
-import logging
 import queue
 import threading
 import time
@@ -44,10 +43,13 @@ from typing import Any
 
 from .config import MAX_SECONDS, HttpOptions, S3Options, check_number, parse_size
 from .errors import ConfigError
+from .redact import redacting_logger
 
 __all__ = ["KEYS", "WINDOW", "VllmOptions", "register", "stream_weights"]
 
-logger = logging.getLogger("vllm.aioloader")
+# Under "vllm", not this module's name: vLLM gives its own loggers a handler (and stops
+# their propagation), so a plugin's lines show in `vllm serve` output only there.
+logger = redacting_logger("vllm.aioloader")
 
 LOAD_FORMAT = "aioloader"
 WINDOW = 2  # files whose tensors may be held at once

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import io
 import logging
+import pkgutil
 from pathlib import Path
 
 import pytest
@@ -114,6 +117,54 @@ def test_the_filter_redacts_message_arguments_and_tracebacks(
     # A record without secrets keeps its arguments for structured handlers.
     record = logging.LogRecord("aioloader", logging.INFO, __file__, 1, "n=%d", (3,), None)
     assert RedactingFilter().filter(record) and record.args == (3,)
+
+
+def _module_loggers() -> list[logging.Logger]:
+    """The module-level ``logger`` of every aioloader module that imports here."""
+    found = []
+    for info in pkgutil.walk_packages(aioloader.__path__, "aioloader."):
+        if info.name.endswith("__main__"):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional extra (ray) is not installed
+            continue
+        logger = getattr(module, "logger", None)
+        if isinstance(logger, logging.Logger):
+            found.append(logger)
+    return found
+
+
+def test_every_module_logger_redacts() -> None:
+    # A filter on a logger does not see its children's records: each module logger
+    # other than the package's own must carry the filter itself (redacting_logger).
+    loggers = _module_loggers()
+    assert any(logger.name.startswith("aioloader.") for logger in loggers)
+    for logger in loggers:
+        assert any(isinstance(f, RedactingFilter) for f in logger.filters), logger.name
+
+
+@pytest.mark.parametrize(
+    "name", ["aioloader.daemon.app", "aioloader.daemon.server", "aioloader.vllm"]
+)
+def test_a_child_logger_is_redacted_where_a_handler_prints(name: str) -> None:
+    logger = importlib.import_module(name).logger
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    # The handler of an application that configured logging: on the root, no filter.
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        try:
+            raise OSError("cannot reach https://h/m?sig=SECRET")
+        except OSError:
+            logger.error("fetching %s failed", "https://u:SECRET@h/m", exc_info=True)
+    finally:
+        root.removeHandler(handler)
+    text = stream.getvalue()
+    assert f"{logger.name}: fetching https://REDACTED@h/m failed" in text, text
+    assert "sig=REDACTED" in text and "SECRET" not in text, text
 
 
 async def test_load_report_summary_is_redacted(
