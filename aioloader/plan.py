@@ -17,9 +17,9 @@ too; each buffer gets its own copy.
 
 A span holds at most ``SPAN_TENSORS`` tensors: a device makes every tensor of a
 span at once, and the loader hands out the tensors of a read at once, each without
-letting the event loop run; a file of 300,000 small tensors as one span held the
-loop for seconds. A span cut there may share its last 4 KiB block with the next
-span, which then gets its own copy, as above.
+letting the event loop run: one span of hundreds of thousands of small tensors
+would hold the loop for seconds. A span cut there may share its last 4 KiB block
+with the next span, which then gets its own copy, as above.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .safetensors import FileHeader, TensorInfo
 __all__ = ["ALIGNMENT", "SPAN_TENSORS", "Read", "Span", "plan_reads"]
 
 ALIGNMENT = 4096
-#: The most tensors in one span (see the module docstring): about 10 ms of work each.
+#: The most tensors in one span (see the module docstring): a short hold of the loop each.
 SPAN_TENSORS = 1024
 
 

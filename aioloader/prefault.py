@@ -4,8 +4,8 @@ A remote read receives its body on the event loop, straight into the tensor's
 memory (sources/http/client.py). Memory the process has never touched is faulted in
 by the kernel on the first write to each page, inside that ``recv``: zeroing a
 2 MiB huge page, and on a VM whose host has taken the memory back, waiting for
-the host to hand it over again (about 1 GB/s on the machines we measured). All
-of that then runs on the loop's one thread, in turn with receiving.
+the host to hand it over again (docs/benchmarks.md measures loads into fresh memory).
+All of that then runs on the loop's one thread, in turn with receiving.
 
 ``populate`` asks the kernel to fault a range in without touching its bytes
 (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+), from a worker thread, while the

@@ -259,7 +259,7 @@ def _canonical(value: Any, where: str) -> Any:
         return {"set": sorted(members, key=lambda m: json.dumps(m, sort_keys=True))}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # The dataclass's own equality: the fields it compares (HttpOptions leaves out its
-        # url_policy, Limits the container's measured memory).
+        # url_policy).
         fields = {
             f.name: _canonical(getattr(value, f.name), f"{where}.{f.name}")
             for f in dataclasses.fields(value)

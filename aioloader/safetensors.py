@@ -231,8 +231,8 @@ def _skip(text: str, at: int) -> int:
 def _members(text: str) -> Iterator[tuple[str, Any]]:
     """The name/value pairs of the JSON object ``text``, in order, decoded one value at
     a time: each is one short call into the C decoder, so a thread parsing a huge header
-    lets the event loop's thread run between them (``json.loads`` of a 27 MiB header
-    held the GIL for 0.7 s at once).
+    lets the event loop's thread run between them (``json.loads`` of a header of many
+    megabytes holds the GIL for the whole parse).
 
     Raises:
         ValueError: bad JSON; DuplicateKeyError for a name given twice.

@@ -1,11 +1,11 @@
 """Host memory: readers write straight into each tensor's final buffer.
 
 Span memory comes from NumPy rather than ``torch.empty``: NumPy asks the
-kernel for transparent huge pages on large arrays, and on the machines we
-measured a read into fresh NumPy memory ran several times faster than into
-``torch.empty`` memory of the same size (fewer page faults; see
-docs/benchmarks.md). The tensor is then a zero-copy torch (or NumPy) view of that array. The
-tensors of one span share its buffer, which is freed when the last is dropped.
+kernel for transparent huge pages on large arrays, so a read into fresh NumPy
+memory takes far fewer page faults than into ``torch.empty`` memory of the same
+size (see docs/benchmarks.md). The tensor is then a zero-copy torch (or
+NumPy) view of that array. The tensors of one span share its buffer, which is freed
+when the last is dropped.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ class HostSpan(SpanAllocation):
 
     The buffer's start is 4 KiB-aligned like the span's file offset, so reads can
     go straight into it with ``O_DIRECT``. Tensors are built now, before reads
-    start: torch calls made while readers keep every CPU busy were measured
-    stalling the event loop.
+    start: torch calls made while readers keep every CPU busy stall the event loop.
     """
 
     __slots__ = ("_tensors", "array", "span")
@@ -53,8 +52,8 @@ class HostSpan(SpanAllocation):
 
         # Each tensor over its own bytes (so that it can be saved alone), shaped before
         # it is typed: a tensor typed first and shaped after keeps a second tensor object
-        # alive behind it (600,000 objects for 300,000 tensors, each one walked by every
-        # full garbage collection).
+        # alive behind it (two objects a tensor, each one walked by every full garbage
+        # collection).
         for info in span.tensors:
             offset = info.start - span.start
             flat = self.array[offset : offset + info.nbytes]

@@ -125,8 +125,8 @@ class StagedDevice(Device):
         engine: the copy engine (CUDA via torch or CuPy, or host memory for tests).
         limits: ``chunk_size`` sizes the slots; the ring holds two slots per
             reader (``concurrency``), within ``memory_limit``: one being read, one
-            queued for the copy engine. Page-locking is slow (about 2.4 GB/s on
-            an H200 machine), so the ring is no larger than keeping both busy needs.
+            queued for the copy engine. Page-locking is slow (slower than the reads
+            it serves), so the ring is no larger than keeping both busy needs.
     """
 
     copies = True
