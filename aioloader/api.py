@@ -10,14 +10,14 @@ from types import TracebackType
 from typing import Any, Literal
 
 from .cache import CachingSource, ModelCache
-from .cache.model_cache import REMOTE_SCHEMES
+from .cache.fetch import REMOTE_SCHEMES
 from .config import HttpOptions, Limits, S3Options
 from .devices.auto import device_for
 from .devices.base import Device
-from .distributed import announce_failure
 from .errors import ClosedError, ConfigError
 from .layout import ModelLayout
 from .pipeline import Load, Progress, Selection, open_model
+from .ranks import ranks_for
 from .redact import redact
 from .report import LoadReport
 from .rows import Rows
@@ -125,12 +125,7 @@ class Loader:
             concurrency=concurrency, chunk_size=chunk_size, memory_limit=memory_limit
         )
         self._device: Device = device_for(device, self.limits, framework)
-        if group is not None and self._device.name != "cpu":
-            raise ConfigError(
-                f"group= exchanges host memory over gloo; load to device='cpu' (not "
-                f"{self._device.name}) and move the tensors, or load without group="
-            )
-        self._group = group
+        self._ranks = ranks_for(group, self._device)
         self._budget = ByteBudget(self.limits.staging_bytes)
         self._cache = _cache_for(cache_dir)
         self._sources: dict[str, Source] = {}
@@ -261,16 +256,16 @@ class Loader:
     ) -> LoadReport:
         self._check_open()
         source = self._source(url, cached=True)
+        ranks = self._ranks()
         try:
             model = await open_model(source, url, self.limits.concurrency)
         except BaseException as exc:
-            if self._group is not None:  # the other ranks wait to hear from this one
-                await announce_failure(self._group, exc)
+            await ranks.announce_failure(exc)
             raise
         load = Load(
             url=_display(url),
             model=model,
-            group=self._group,
+            ranks=ranks,
             device=self._device,
             limits=self.limits,
             budget=self._budget,

@@ -4,7 +4,9 @@ Everything runs under one ``asyncio.TaskGroup``: ``concurrency`` reader tasks ta
 reads from the plan, stage each one with the device (budget and buffer), fill it,
 and commit it. On host memory the bytes are then in place and the reader hands out
 every tensor whose last byte has arrived; on a device with a copy engine one more
-task waits for the copies, in submission order, and hands the tensors out. When
+task waits for the copies, in submission order, and hands the tensors out. Which
+reads this process does itself, and what else runs beside the readers, is the
+``Ranks`` strategy's (ranks.py): all of them alone, or a share with ``group=``. When
 anything fails or the load is cancelled, every task stops, every file is closed and
 every budget byte is returned before the error propagates.
 """
@@ -23,10 +25,10 @@ from typing import Any
 from ._threads import run_blocking
 from .config import Limits
 from .devices.base import Device, SpanAllocation, Staged
-from .distributed import Exchange, announce_failure, run_exchange
 from .errors import FormatError, HeaderError, NotFoundError, ReadError, SelectionError
 from .layout import ModelLayout, resolve_layout
 from .plan import Read, Span, plan_reads
+from .ranks import Ranks
 from .report import LoadReport
 from .rows import Rows, narrow, rows_of
 from .safetensors import (
@@ -210,6 +212,7 @@ class Load:
         *,
         url: str,
         model: OpenModel,
+        ranks: Ranks,
         device: Device,
         limits: Limits,
         budget: ByteBudget,
@@ -217,12 +220,10 @@ class Load:
         emit: Emit,
         progress: Progress,
         on_metadata: Callable[[dict[str, str]], None] | None,
-        group: Any = None,
         rows: Rows = None,
     ) -> None:
         self.url = url
-        self.group = group
-        self.exchange: Exchange | None = None
+        self.ranks = ranks
         self.model = model
         self.layout = model.layout
         self.device = device
@@ -238,8 +239,6 @@ class Load:
         self.waiting_on: dict[str, int] = {}  # tensor -> reads still to land
         self.copying: asyncio.Queue[Staged] = asyncio.Queue()
         self.copy_seconds = 0.0
-        self.own_bytes = 0  # with a group: the bytes this rank reads itself
-        self._keep_failed = False  # with a group: a blob refused what other ranks sent
         self._copy_free_at = 0.0
         self.started = time.perf_counter()
         self.header_done = self.read_started = self.last_read_done = self.started
@@ -250,20 +249,9 @@ class Load:
             try:
                 plan = await self._make_plan(headers)
             except BaseException as exc:
-                if self.group is not None:
-                    await announce_failure(self.group, exc)
+                await self.ranks.announce_failure(exc)
                 raise
-            own = plan.reads
-            if self.group is not None:
-                # A tensor cut to this rank's rows is read here and never exchanged.
-                shared = [r for r in plan.reads if not r.span.sliced]
-                self.exchange = Exchange(self.group, shared)
-                await self.exchange.agree(self.blobs, headers)
-                own = sorted(
-                    self.exchange.mine() + [r for r in plan.reads if r.span.sliced],
-                    key=lambda r: (r.span.file, r.start),
-                )
-                self.own_bytes = sum(r.nbytes for r in own)
+            own = await self.ranks.assign(plan.reads, self.blobs, headers)
             self.header_done = time.perf_counter()
             # Imports and (for a GPU) the device's context are set up in a thread
             # before the first tensor is allocated; not part of the read time.
@@ -335,8 +323,7 @@ class Load:
         workers = [self._reader(pending) for _ in range(min(self.limits.concurrency, len(reads)))]
         if self.device.copies:
             workers.append(self._completer(len(reads)))
-        if self.exchange is not None:
-            workers.append(run_exchange(self.exchange, self.allocations, self._landed, self._keep))
+        workers += self.ranks.workers(self.allocations, self._landed)
         try:
             await gather(workers)
         finally:
@@ -355,8 +342,7 @@ class Load:
                 try:
                     await self._read(read, staged.buffer)
                 except BaseException as exc:
-                    if self.exchange is not None:  # the other ranks hear it from this one
-                        self.exchange.fail(f"{type(exc).__name__}: {exc}")
+                    self.ranks.failed(exc)
                     raise
                 device.commit(staged)
             self.last_read_done = time.perf_counter()
@@ -364,9 +350,7 @@ class Load:
                 self.copying.put_nowait(staged)
             else:
                 await device.finish(staged)
-                self._landed(read)
-                if self.exchange is not None and not read.span.sliced:
-                    self.exchange.landed(read)
+                self._own_landed(read)
 
     async def _read(self, read: Read, buffer: memoryview) -> None:
         try:
@@ -391,22 +375,12 @@ class Load:
             # Time the copy engine was busy, at most since this copy was waited for.
             self.copy_seconds += done - max(submitted, self._copy_free_at)
             self._copy_free_at = done
-            self._landed(staged.read)
+            self._own_landed(staged.read)
 
-    def _keep(self, read: Read, data: memoryview) -> None:
-        """A read another rank sent: offer its bytes to the file's blob, as if read here
-        (the node cache writes them, so an entry completes though this rank read only
-        its share). Runs in the exchange's thread; never fails the load."""
-        blob = self.blobs[read.span.file]
-        received = getattr(blob, "received", None)
-        if received is None or self._keep_failed:
-            return
-        try:
-            received(read.start, [data])
-        except Exception as exc:
-            # The other ranks wait for this one's next broadcast: the load goes on.
-            self._keep_failed = True
-            logger.warning("%s: not keeping the bytes other ranks sent: %s", read.url, exc)
+    def _own_landed(self, read: Read) -> None:
+        """A read of this process's own is in place (the ranks' exchange may send it)."""
+        self._landed(read)
+        self.ranks.landed(read)
 
     def _landed(self, read: Read) -> None:
         """Hand out every tensor of ``read`` whose last byte is now in place."""
@@ -434,7 +408,7 @@ class Load:
             total_seconds=finished - self.started,
             peak_staging_bytes=self.share.peak,
             settings=self.limits.as_dict(),
-            own_bytes=None if self.exchange is None else self.own_bytes,
+            own_bytes=self.ranks.own_bytes,
         )
         logger.info("%s", report.summary())
         if report.copy_seconds and report.total_seconds > 1.0 and report.overlap < 0.5:

@@ -9,9 +9,8 @@ import pytest
 
 
 def _reader_threads() -> list[threading.Thread]:
-    return [
-        t for t in threading.enumerate() if t.name.startswith(("aioloader-read", "aioloader-copy"))
-    ]
+    prefixes = ("aioloader-read", "aioloader-copy", "aioloader-exchange")
+    return [t for t in threading.enumerate() if t.name.startswith(prefixes)]
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ def rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: str) -
         url = job.get("urls", {}).get(str(rank), job["url"])
         selection = job.get("tensors", {}).get(str(rank))
         prefix = job.get("split_rows")  # tensors cut to this rank's rows
+        exchange_threads: set[str] = set()  # seen while tensors arrive
         rows = None if prefix is None else split_rows(rank, world, lambda n: n.startswith(prefix))
 
         async def load() -> Any:
@@ -64,6 +66,7 @@ def rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: str) -
                 async with loader.stream(url, tensors=selection, rows=rows) as stream:
                     async for name, tensor in stream:
                         got[name] = tensor
+                        exchange_threads.update(_exchange_threads())
                         if job.get("die") == rank:
                             os._exit(3)  # a rank that crashes mid-load
                         if job.get("cancel") == rank:
@@ -81,6 +84,7 @@ def rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: str) -
         assert got.keys() == reference.keys(), "different tensor names"
         wrong = [n for n, t in reference.items() if not _same_bits(got[n], t)]
         result.update(ok=not wrong, wrong=wrong, own_bytes=report.own_bytes, bytes=report.bytes)
+        result.update(exchange_threads=sorted(exchange_threads), threads_left=_exchange_threads())
     except Exception as exc:
         result.update(ok=False, error=f"{type(exc).__name__}: {exc}")
     except asyncio.CancelledError:
@@ -88,6 +92,10 @@ def rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: str) -
     result["seconds"] = time.monotonic() - started
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+def _exchange_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("aioloader-exchange")]
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -174,6 +182,8 @@ def test_ranks_share_local_files(tmp_path: Path, world: int) -> None:
     }
     results = run_ranks(world, job, tmp_path)
     assert all(r.get("ok") for r in results), results
+    # The broadcasts run in the load's own named thread, closed with the load.
+    assert all(r["exchange_threads"] and not r["threads_left"] for r in results), results
     total = results[0]["bytes"]
     own = [r["own_bytes"] for r in results]
     assert sum(own) >= total and sum(own) < total + world * 3 * 8192  # each byte read once

@@ -1,0 +1,181 @@
+"""Who reads what: this process reads every read of a load (Solo), or a share (Group).
+
+Every load plans the same reads; a ``Ranks`` strategy decides which of them this
+process reads itself and what else goes on around them, so that the load's own
+steps are the same with or without ``group=``:
+
+* ``Solo`` reads everything and has nothing else to do.
+* ``Group`` (``group=``, a gloo process group) first agrees with the other ranks on
+  files, versions and plan (agreement.py), then reads its share of the reads and
+  broadcasts each one once it has landed, receiving the rest from the other ranks in
+  one more worker (distributed.py); a failure, before the plan or during a read, is
+  told to the other ranks so that every rank stops naming it.
+
+A strategy serves one load: ``Loader`` makes a new one for each (``ranks_for``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol
+
+from .devices.base import Device, SpanAllocation
+from .distributed import Exchange, announce_failure, run_exchange
+from .errors import ConfigError
+from .plan import Read, Span
+from .safetensors import FileHeader
+from .sources.base import Blob
+
+__all__ = ["Group", "Ranks", "Solo", "ranks_for"]
+
+logger = logging.getLogger("aioloader")
+
+Worker = Coroutine[Any, Any, None]
+
+
+class Ranks(Protocol):
+    """How one load splits its reads among the processes that load it together."""
+
+    async def announce_failure(self, error: BaseException) -> None:
+        """The load failed before its reads were assigned (opening files, planning)."""
+
+    async def assign(
+        self, reads: Sequence[Read], blobs: Sequence[Blob], headers: Sequence[FileHeader]
+    ) -> list[Read]:
+        """The reads this process reads itself, in file order.
+
+        Raises:
+            DistributedError: the ranks disagree on what to load.
+        """
+        ...
+
+    def landed(self, read: Read) -> None:
+        """One of this process's own reads is in place."""
+
+    def failed(self, error: BaseException) -> None:
+        """One of this process's own reads failed; the load stops."""
+
+    def workers(
+        self, allocations: Mapping[Span, SpanAllocation], landed: Callable[[Read], None]
+    ) -> list[Worker]:
+        """Tasks to run beside the readers; ``landed`` hands out a read received."""
+        ...
+
+    @property
+    def own_bytes(self) -> int | None:
+        """For the report: the bytes this process read itself, None when it read all."""
+        ...
+
+
+class Solo:
+    """This process reads every read of the load."""
+
+    async def announce_failure(self, error: BaseException) -> None:
+        pass
+
+    async def assign(
+        self, reads: Sequence[Read], blobs: Sequence[Blob], headers: Sequence[FileHeader]
+    ) -> list[Read]:
+        return list(reads)
+
+    def landed(self, read: Read) -> None:
+        pass
+
+    def failed(self, error: BaseException) -> None:
+        pass
+
+    def workers(
+        self, allocations: Mapping[Span, SpanAllocation], landed: Callable[[Read], None]
+    ) -> list[Worker]:
+        return []
+
+    @property
+    def own_bytes(self) -> int | None:
+        return None
+
+
+class Group:
+    """The ranks of ``group`` split the reads and exchange them (see distributed.py).
+
+    Tensors cut to each rank's own rows (``rows=``) are read by every rank for itself
+    and never exchanged.
+    """
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self._exchange: Exchange | None = None
+        self._blobs: Sequence[Blob] = ()
+        self._own_bytes = 0
+        self._keep_failed = False  # a blob refused what other ranks sent
+
+    @property
+    def exchange(self) -> Exchange:
+        if self._exchange is None:
+            raise RuntimeError("the reads of this load are not assigned yet")
+        return self._exchange
+
+    async def announce_failure(self, error: BaseException) -> None:
+        # The other ranks wait in Exchange.agree to hear from this one.
+        await announce_failure(self.group, error)
+
+    async def assign(
+        self, reads: Sequence[Read], blobs: Sequence[Blob], headers: Sequence[FileHeader]
+    ) -> list[Read]:
+        self._exchange = Exchange(self.group, [r for r in reads if not r.span.sliced])
+        await self._exchange.agree(blobs, headers)
+        self._blobs = blobs
+        own = sorted(
+            self._exchange.mine() + [r for r in reads if r.span.sliced],
+            key=lambda r: (r.span.file, r.start),
+        )
+        self._own_bytes = sum(r.nbytes for r in own)
+        return own
+
+    def landed(self, read: Read) -> None:
+        if not read.span.sliced:
+            self.exchange.landed(read)
+
+    def failed(self, error: BaseException) -> None:
+        # The other ranks hear it from this one, in its next broadcast.
+        self.exchange.fail(f"{type(error).__name__}: {error}")
+
+    def workers(
+        self, allocations: Mapping[Span, SpanAllocation], landed: Callable[[Read], None]
+    ) -> list[Worker]:
+        return [run_exchange(self.exchange, allocations, landed, self._keep)]
+
+    @property
+    def own_bytes(self) -> int | None:
+        return self._own_bytes
+
+    def _keep(self, read: Read, data: memoryview) -> None:
+        """A read another rank sent: offer its bytes to the file's blob, as if read here
+        (the node cache writes them, so an entry completes though this rank read only
+        its share). Runs in the exchange's thread; never fails the load."""
+        received = getattr(self._blobs[read.span.file], "received", None)
+        if received is None or self._keep_failed:
+            return
+        try:
+            received(read.start, [data])
+        except Exception as exc:
+            # The other ranks wait for this one's next broadcast: the load goes on.
+            self._keep_failed = True
+            logger.warning("%s: not keeping the bytes other ranks sent: %s", read.url, exc)
+
+
+def ranks_for(group: Any, device: Device) -> Callable[[], Ranks]:
+    """A new strategy for each load of a Loader: Solo, or Group with ``group=``.
+
+    Raises:
+        ConfigError: ``group=`` with a device other than host memory.
+    """
+    if group is None:
+        return Solo
+    if device.name != "cpu":
+        raise ConfigError(
+            f"group= exchanges host memory over gloo; load to device='cpu' (not "
+            f"{device.name}) and move the tensors, or load without group="
+        )
+    return functools.partial(Group, group)
