@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from .cache import CachingSource, ModelCache
-from .cache.model_cache import REMOTE_SCHEMES
+from .cache.fetch import REMOTE_SCHEMES
 from .config import HttpOptions, Limits, S3Options
 from .devices.auto import device_for
 from .devices.base import Device

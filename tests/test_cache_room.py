@@ -155,7 +155,7 @@ async def test_a_disk_that_fills_up_mid_load_leaves_nothing(
     fill(small_disk, (pages + 1) * 4096)
     caplog.set_level(logging.WARNING, logger="aioloader")
     assert_matches_files(await load_model(url, cache_dir=root, chunk_size="64KiB"), path)
-    # Host loads write the cache after they return (caching_source.py): the giving up comes then.
+    # Host loads write the cache after they return (write_after.py): the giving up comes then.
     await ModelCache(root).wait_committed()
     assert leftovers(root) == []
     assert len(warnings_of(caplog)) == 1

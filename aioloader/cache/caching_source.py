@@ -249,7 +249,7 @@ class CachingSource(Source):
     async def _prepare(self, url: str, files: EntryFiles, version: Version) -> PartialFile | None:
         """The entry's partial file, under its lock; None when the cache has no room."""
         try:
-            await self.cache.make_room(files, version.size, set())
+            await self.cache.eviction.make_room(files, version.size, set())
         except CacheError as exc:
             logger.warning("%s", exc)  # other entries stay; this load goes on
         try:

@@ -105,7 +105,7 @@ def settle(
     else:
         if finished:
             try:
-                cache.after_complete(url)
+                cache.eviction.after_complete(url)
             except CacheError as exc:
                 logger.warning("%s", exc)
     finally:

@@ -5,7 +5,9 @@ max_bytes=N)`` records N in ``<root>/cache.json``, and every process that uses
 the folder without a cap of its own (a pod's ``Loader(cache_dir=...)``) holds
 it too. Eviction takes the least recently used entries first, partial ones
 included, and never one that a process is downloading (its ``lock``) or reading
-(its ``use``).
+(its ``use``). ``Eviction`` is one ModelCache's cap and the evictions it makes:
+before an entry is written (``make_room``), after a load completes one
+(``after_complete``) and after a fetch (``after_fetch``).
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import os
 import secrets
 from pathlib import Path
 
+from .._threads import run_blocking
 from ..redact import redact
-from .entry import EntryFiles, read_meta
+from .entry import EntryFiles, cache_error, key_of, read_meta
+from .links import prune_models
 from .locks import try_acquire
 from .paths import check_dirs, open_file
 from .records import CacheEntry
 
-__all__ = ["evict", "list_entries", "prune_models", "read_cap", "write_cap"]
+__all__ = ["Eviction", "evict", "list_entries", "read_cap", "write_cap"]
 
 logger = logging.getLogger("aioloader")
 
@@ -139,21 +143,62 @@ def evict(root: Path, max_bytes: int, exclude: set[str], reserve: int = 0) -> in
     return evicted
 
 
-def prune_models(root: Path) -> None:
-    """Delete the links under ``<root>/models/`` to evicted or removed entries.
+class Eviction:
+    """The cap of one ModelCache and the evictions that keep its folder under it.
 
-    A model folder left with no links goes too. A later fetch of that model
-    links its files again.
+    Args:
+        root: the cache folder.
+        max_bytes: this object's cap, recorded in the folder on first use; ``None``:
+            the folder's recorded cap, if any.
     """
-    models = root / "models"
-    if not check_dirs(root, models):
-        return
-    for folder, dirs, files in os.walk(models, topdown=False):
-        for name in files + dirs:
-            path = os.path.join(folder, name)
-            if os.path.islink(path) and not os.path.exists(path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        if folder != str(models):
-            with contextlib.suppress(OSError):  # not empty: it still links to entries
-                os.rmdir(folder)
+
+    def __init__(self, root: Path, max_bytes: int | None) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self.evictions = 0  # entries this object deleted
+        self._cap_recorded = False
+
+    def cap(self) -> int | None:
+        """This object's cap (recorded in the folder once), else the folder's (sync)."""
+        if self.max_bytes is None:
+            return read_cap(self.root)
+        if not self._cap_recorded:
+            try:
+                write_cap(self.root, self.max_bytes)
+            except OSError as exc:
+                logger.debug("model cache %s: cannot record max_bytes: %s", self.root, exc)
+            self._cap_recorded = True
+        return self.max_bytes
+
+    def evict(self, exclude: set[str], reserve: int = 0) -> None:
+        """Evict least recently used entries but ``exclude`` until ``reserve`` more bytes
+        fit under the cap (blocking).
+
+        Raises:
+            CacheError: deleting an entry failed.
+        """
+        cap = self.cap()
+        if cap is None:
+            return
+        try:
+            self.evictions += evict(self.root, cap, exclude, reserve)
+        except OSError as exc:
+            raise cache_error(exc, self.root, "evicting old entries") from exc
+
+    async def make_room(self, files: EntryFiles, size: int, exclude: set[str]) -> None:
+        """Evict old entries so that the ``size`` bytes of ``files`` fit under the cap."""
+        reserve = max(0, size - await run_blocking(None, files.bytes_on_disk))
+        await run_blocking(None, lambda: self.evict(exclude | {files.dir.name}, reserve))
+
+    def after_complete(self, url: str) -> None:
+        """Evict what a load that completed ``url``'s entry put above the cap (blocking:
+        called from a commit thread).
+
+        Raises:
+            CacheError: evicting older entries failed.
+        """
+        self.evict({key_of(url)})
+
+    async def after_fetch(self, exclude: set[str]) -> None:
+        """Evict what a fetch of the entries ``exclude`` put above the cap."""
+        await run_blocking(None, lambda: self.evict(exclude))

@@ -1,4 +1,5 @@
-"""Downloading the missing byte ranges of a model's files into their cache entries.
+"""Downloading the missing byte ranges of a model's files into their cache entries
+(``fetch_model``, what ``ModelCache.fetch`` runs), then linking them under ``models/``.
 
 Every acquire has its release in the same ``try``/``finally``, and a lock or a
 partial file that a thread opened after its caller was cancelled is closed
@@ -17,22 +18,28 @@ from typing import Any
 
 from .._threads import run_blocking
 from ..config import HttpOptions, Limits, S3Options
-from ..errors import CacheError
+from ..errors import CacheError, ConfigError
+from ..layout import resolve_layout
+from ..sources.auto import scheme_of, source_for
 from ..sources.base import Blob, Source, aclose_all
 from ..tasks import gather
 from .checksum import DigestMismatch, Published, md5_of_etag
 from .claim import Claim, claim
-from .entry import EntryFiles, Version, cache_error
+from .entry import EntryFiles, Version, cache_error, key_of
+from .links import ModelLinks
 from .locks import acquire
 from .partial import PartialFile
 from .protocol import CacheProtocol
 from .ranges import split
+from .records import CachedModel
 
-__all__ = ["Progress", "version_of"]
+__all__ = ["REMOTE_SCHEMES", "FetchOptions", "Progress", "fetch_model", "version_of"]
 
 logger = logging.getLogger("aioloader")
 
 Progress = Callable[[int, int], None]
+
+REMOTE_SCHEMES = frozenset({"http", "https", "s3", "gs", "az"})
 
 
 def version_of(blob: Blob) -> Version:
@@ -164,7 +171,7 @@ class Fetcher:
                 break
             # Another process completed it while this one waited: use that copy.
         try:
-            await cache.make_room(files, version.size, self.exclude)
+            await cache.eviction.make_room(files, version.size, self.exclude)
             published = await self._published(url, version)
             partial: PartialFile = await self._blocking(
                 lambda: PartialFile.open(files, url, version, published=published),
@@ -247,3 +254,51 @@ class Fetcher:
             finally:
                 self.free.append(buffer)
         self.meter.add(end - start)
+
+
+async def fetch_model(
+    cache: CacheProtocol,
+    url: str | list[str],
+    options: FetchOptions,
+    progress: Progress | None,
+) -> CachedModel:
+    """Make every file of the model at ``url`` complete in ``cache``; see ``ModelCache.fetch``."""
+    urls = [url] if isinstance(url, str) else url
+    if not urls:
+        raise ConfigError("an empty list of URLs was given; pass at least one file")
+    for u in urls:
+        if scheme_of(u) not in REMOTE_SCHEMES:
+            raise ConfigError(
+                f"{u} is not remote; the cache holds http(s):// and s3:// files only "
+                "(load local files directly)"
+            )
+    limits = options.limits
+    source = source_for(urls[0], concurrency=limits.concurrency, http=options.http, s3=options.s3)
+    executor = ThreadPoolExecutor(limits.concurrency, thread_name_prefix="aioloader-cache")
+    try:
+        layout = await resolve_layout(source, url)
+        # Every name is checked before a byte is downloaded.
+        links = ModelLinks.plan(url, layout, source.parent)
+        wanted = ([layout.index] if layout.index else []) + list(layout.files)
+        exclude = {key_of(u) for u in wanted}
+        fetcher = Fetcher(cache, source, executor, limits, Meter(progress), exclude)
+        results = await fetcher.run(wanted)
+        try:
+            model_path = await run_blocking(executor, lambda: links.create(cache.root))
+        except OSError as exc:
+            raise cache_error(exc, cache.root, f"linking the files of {urls[0]}") from exc
+        await cache.eviction.after_fetch(exclude)
+    finally:
+        await source.aclose()
+        # Every call into the pool has returned (run_blocking waits): joins at once.
+        executor.shutdown(wait=True)
+    downloaded = sum(d for _, d in results.values())
+    return CachedModel(
+        url=url if isinstance(url, str) else urls[0],
+        path=model_path,
+        files={u: str(cache.entry_files(u).data) for u in wanted},
+        bytes=sum(size for size, _ in results.values()),
+        hit=downloaded == 0,
+        downloaded=downloaded,
+        _entries=tuple(cache.entry_files(u) for u in wanted),
+    )

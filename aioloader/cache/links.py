@@ -2,11 +2,13 @@
 
 ``ModelLinks.plan`` decides every name before anything is downloaded (a pure
 step), so a name that would leave the folder fails the fetch at once;
-``create`` then makes the links (sync; run it in a thread).
+``create`` then makes the links (sync; run it in a thread). ``prune_models``
+deletes the links to entries evicted or removed since.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Callable
@@ -18,9 +20,9 @@ from urllib.parse import unquote, urlparse
 from ..errors import CacheError
 from ..layout import ModelLayout
 from .entry import EntryFiles, key_of
-from .paths import check_inside, checked_name, make_dirs
+from .paths import check_dirs, check_inside, checked_name, make_dirs
 
-__all__ = ["ModelLinks"]
+__all__ = ["ModelLinks", "prune_models"]
 
 
 def _basename(url: str) -> str:
@@ -126,3 +128,23 @@ def _refuse_doubles(links: list[tuple[str, str]]) -> None:
                 "nothing was written. Give the files distinct names on the server"
             )
         seen[name] = remote
+
+
+def prune_models(root: Path) -> None:
+    """Delete the links under ``<root>/models/`` to evicted or removed entries.
+
+    A model folder left with no links goes too. A later fetch of that model
+    links its files again.
+    """
+    models = root / "models"
+    if not check_dirs(root, models):
+        return
+    for folder, dirs, files in os.walk(models, topdown=False):
+        for name in files + dirs:
+            path = os.path.join(folder, name)
+            if os.path.islink(path) and not os.path.exists(path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        if folder != str(models):
+            with contextlib.suppress(OSError):  # not empty: it still links to entries
+                os.rmdir(folder)

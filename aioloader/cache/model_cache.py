@@ -12,6 +12,10 @@ the one recorded in the folder: see eviction.py), the least recently used entrie
 are evicted before a new one is written and after it completes, except those a
 process is downloading or reading. Every entry records a checksum of its bytes
 (see checksum.py), which ``verify`` checks again.
+
+The work itself lives in its rooms: fetch.py (downloads), eviction.py (the cap),
+removal.py, verify.py and records.py (what it reports); this class holds the
+settings, the counters and the fetches in flight.
 """
 
 from __future__ import annotations
@@ -22,30 +26,25 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from .._threads import run_blocking
 from ..config import HttpOptions, Limits, S3Options
-from ..errors import CacheError, ConfigError
-from ..layout import resolve_layout
+from ..errors import ConfigError
 from ..redact import redact
-from ..sources.auto import scheme_of, source_for
 from . import commit
-from .entry import EntryFiles, cache_error, key_of, read_meta
-from .eviction import evict, list_entries, prune_models, read_cap, write_cap
-from .fetch import Fetcher, FetchOptions, Meter, Progress
-from .links import ModelLinks
-from .locks import STALL_SECONDS, acquire, try_acquire_async
+from .entry import EntryFiles, cache_error
+from .eviction import Eviction, list_entries
+from .fetch import FetchOptions, Progress, fetch_model
+from .locks import STALL_SECONDS
 from .records import CachedModel, CacheEntry, CacheStatistics, VerifyResult
-from .verify import check_entry, run_stoppable
+from .removal import remove_entry
+from .verify import verify_entry
 
 __all__ = ["ModelCache"]
 
 logger = logging.getLogger("aioloader")
-
-REMOTE_SCHEMES = frozenset({"http", "https", "s3", "gs", "az"})
 
 
 @dataclass
@@ -53,7 +52,6 @@ class _Counters:
     hits: int = 0
     misses: int = 0
     bytes_downloaded: int = 0
-    evictions: int = 0
 
 
 @dataclass
@@ -124,12 +122,11 @@ class ModelCache:
             raise ConfigError(
                 f"lock_stall must be a positive number of seconds, not {lock_stall!r}"
             )
-        self.max_bytes = max_bytes
+        self.eviction = Eviction(self.root, max_bytes)
         self.check_etag = _check_etag_from_env() if check_etag is None else bool(check_etag)
         self.lock_stall = float(lock_stall)
         self._flights: dict[tuple[str, ...], _Flight] = {}
         self._counters = _Counters()
-        self._cap_recorded = False
 
     def __repr__(self) -> str:
         c = self._counters
@@ -143,8 +140,13 @@ class ModelCache:
         c = self._counters
         return CacheStatistics(
             str(self.root), self.max_bytes, c.hits, c.misses, c.bytes_downloaded,
-            c.evictions, len(self._flights),
+            self.eviction.evictions, len(self._flights),
         )  # fmt: skip
+
+    @property
+    def max_bytes(self) -> int | None:
+        """This object's cap (``None``: the one recorded in the folder, if any)."""
+        return self.eviction.max_bytes
 
     def entry_files(self, url: str) -> EntryFiles:
         return EntryFiles.of(self.root, url)
@@ -187,7 +189,7 @@ class ModelCache:
         if flight is None or flight.task.done():
             options = FetchOptions.of(limits, concurrency, chunk_size, http, headers, s3)
             task = asyncio.get_running_loop().create_task(
-                self._fetch(url if isinstance(url, str) else list(urls), options, progress),
+                fetch_model(self, url if isinstance(url, str) else list(urls), options, progress),
                 name=f"aioloader cache fetch {urls[0]}",
             )
             flight = self._flights[urls] = _Flight(task)
@@ -210,52 +212,7 @@ class ModelCache:
         if not flight.task.cancelled():
             flight.task.exception()  # retrieved by the waiters; never "never retrieved"
 
-    async def _fetch(
-        self, url: str | list[str], options: FetchOptions, progress: Progress | None
-    ) -> CachedModel:
-        urls = [url] if isinstance(url, str) else url
-        if not urls:
-            raise ConfigError("an empty list of URLs was given; pass at least one file")
-        for u in urls:
-            if scheme_of(u) not in REMOTE_SCHEMES:
-                raise ConfigError(
-                    f"{u} is not remote; the cache holds http(s):// and s3:// files only "
-                    "(load local files directly)"
-                )
-        limits = options.limits
-        source = source_for(
-            urls[0], concurrency=limits.concurrency, http=options.http, s3=options.s3
-        )
-        executor = ThreadPoolExecutor(limits.concurrency, thread_name_prefix="aioloader-cache")
-        try:
-            layout = await resolve_layout(source, url)
-            # Every name is checked before a byte is downloaded.
-            links = ModelLinks.plan(url, layout, source.parent)
-            wanted = ([layout.index] if layout.index else []) + list(layout.files)
-            exclude = {key_of(u) for u in wanted}
-            fetcher = Fetcher(self, source, executor, limits, Meter(progress), exclude)
-            results = await fetcher.run(wanted)
-            try:
-                model_path = await run_blocking(executor, lambda: links.create(self.root))
-            except OSError as exc:
-                raise cache_error(exc, self.root, f"linking the files of {urls[0]}") from exc
-            await self._evict(exclude)
-        finally:
-            await source.aclose()
-            # Every call into the pool has returned (run_blocking waits): joins at once.
-            executor.shutdown(wait=True)
-        downloaded = sum(d for _, d in results.values())
-        return CachedModel(
-            url=url if isinstance(url, str) else urls[0],
-            path=model_path,
-            files={u: str(self.entry_files(u).data) for u in wanted},
-            bytes=sum(size for size, _ in results.values()),
-            hit=downloaded == 0,
-            downloaded=downloaded,
-            _entries=tuple(self.entry_files(u) for u in wanted),
-        )
-
-    # -- entries, removal, eviction ----------------------------------------------------
+    # -- entries, removal ----------------------------------------------------------------
 
     def entries(self) -> list[CacheEntry]:
         """Every entry on disk, complete or partial, least recently used first.
@@ -273,29 +230,7 @@ class ModelCache:
         Raises:
             CacheError: a load is reading the entry right now.
         """
-        files = self.entry_files(url)
-        if not await run_blocking(None, files.exists):
-            return False
-        lock = await acquire(files.lock, exclusive=True, stall=self.lock_stall, what=url)
-        try:
-            use = await try_acquire_async(files.use, exclusive=True)
-            if use is None:
-                raise CacheError(
-                    f"model cache {self.root}: {url} is being read by a load; remove it "
-                    "once the load has finished"
-                )
-            try:
-                existed = await run_blocking(None, files.meta.exists)
-                await run_blocking(None, files.discard)
-            finally:
-                use.release()
-            if existed:
-                await run_blocking(None, lambda: prune_models(self.root))
-        except OSError as exc:
-            raise cache_error(exc, self.root, f"removing {url}") from exc
-        finally:
-            lock.release()
-        return existed
+        return await remove_entry(self.entry_files(url), url, self.lock_stall)
 
     # -- verification ------------------------------------------------------------------
 
@@ -326,92 +261,7 @@ class ModelCache:
         else:
             urls = [url] if isinstance(url, str) else list(url)
             targets = [(redact(u), self.entry_files(u)) for u in urls]
-        return [await self._verify_one(u, files) for u, files in targets]
-
-    async def _verify_one(self, url: str, files: EntryFiles) -> VerifyResult:
-        """``url`` is shown in the results: redacted."""
-        if not await run_blocking(None, files.exists):
-            return VerifyResult(url, "missing", f"{url} is not in the cache")
-        try:
-            # Held while hashing, so that eviction leaves the file alone meanwhile.
-            use = await acquire(files.use, exclusive=False, stall=self.lock_stall, what=url)
-            try:
-                result = await run_stoppable(lambda stop: check_entry(files, url, stop))
-            finally:
-                use.release()
-        except OSError as exc:
-            raise cache_error(exc, self.root, f"verifying {url}") from exc
-        if result.status != "corrupt":
-            return result
-        logger.warning("model cache %s: %s; removing it", self.root, result.detail)
-        try:
-            removed = await self._remove_corrupt(files, url)
-        except OSError as exc:
-            error = cache_error(exc, self.root, f"removing the corrupt {url}")
-            return replace(result, detail=f"{result.detail}; {error}")
-        return replace(result, removed=removed)
-
-    async def _remove_corrupt(self, files: EntryFiles, url: str) -> bool:
-        lock = await acquire(files.lock, exclusive=True, stall=self.lock_stall, what=url)
-        try:
-
-            def discard() -> bool:
-                meta = read_meta(files)
-                if meta is None or not meta.belongs_to(url):
-                    return False
-                # Readers that hold the file open keep reading their copy; no new
-                # load gets it. Its links go too.
-                files.discard()
-                prune_models(self.root)
-                return True
-
-            return await run_blocking(None, discard)
-        finally:
-            lock.release()
-
-    # -- the cap -----------------------------------------------------------------------
-
-    def _cap(self) -> int | None:
-        """This object's cap (recorded in the folder once), else the folder's (sync)."""
-        if self.max_bytes is None:
-            return read_cap(self.root)
-        if not self._cap_recorded:
-            try:
-                write_cap(self.root, self.max_bytes)
-            except OSError as exc:
-                logger.debug("model cache %s: cannot record max_bytes: %s", self.root, exc)
-            self._cap_recorded = True
-        return self.max_bytes
-
-    async def _evict(self, exclude: set[str], reserve: int = 0) -> None:
-        def run() -> int:
-            cap = self._cap()
-            return 0 if cap is None else evict(self.root, cap, exclude, reserve)
-
-        try:
-            evicted = await run_blocking(None, run)
-        except OSError as exc:
-            raise cache_error(exc, self.root, "evicting old entries") from exc
-        self._counters.evictions += evicted
-
-    async def make_room(self, files: EntryFiles, size: int, exclude: set[str]) -> None:
-        """Evict old entries so that the ``size`` bytes of ``files`` fit under the cap."""
-        reserve = max(0, size - await run_blocking(None, files.bytes_on_disk))
-        await self._evict(exclude | {files.dir.name}, reserve)
-
-    def after_complete(self, url: str) -> None:
-        """Bookkeeping once a load through the cache completed an entry (blocking).
-
-        Raises:
-            CacheError: evicting older entries failed.
-        """
-        cap = self._cap()
-        if cap is None:
-            return
-        try:
-            self._counters.evictions += evict(self.root, cap, {key_of(url)})
-        except OSError as exc:
-            raise cache_error(exc, self.root, "evicting old entries") from exc
+        return [await verify_entry(files, u, self.lock_stall) for u, files in targets]
 
     async def wait_committed(self) -> None:
         """Wait for the entries that loads through this cache finished to be committed.

@@ -11,7 +11,7 @@ speed. The checksum is then computed at ``complete``, from the disk, after the
 load has returned (commit.py), instead of while the load waits.
 
 A load into host memory also hands its tensors out before their bytes reach the
-disk (caching_source.py): the caller may then change a tensor in place before it is written.
+disk (write_after.py): the caller may then change a tensor in place before it is written.
 So such a write carries a digest of the range taken when the bytes arrived, the
 journal keeps it beside the range, and the pass that hashes the file compares
 every such range as it goes, before the entry may become complete
@@ -215,7 +215,7 @@ def _subtract(ranges: Sequence[tuple[int, int]], cuts: Sequence[tuple[int, int]]
 def _proven(fd: int, plain: RangeSet, checks: Sequence[Check], where: Path) -> RangeSet:
     """The ranges of a resumed partial file whose bytes are the remote's.
 
-    A range written with a digest was written from a tensor its caller held (caching_source.py)
+    A range written with a digest was written from a tensor its caller held (write_after.py)
     and may have been changed in place before it reached the disk, by a process that
     may have died since: it is read back and kept only when its bytes still have the
     digest taken when they arrived. Nothing is served from the file before this.

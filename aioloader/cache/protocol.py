@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .entry import EntryFiles
+from .eviction import Eviction
 
 __all__ = ["CacheProtocol"]
 
@@ -33,11 +34,9 @@ class CacheProtocol(Protocol):
     def entry_files(self, url: str) -> EntryFiles:
         """The files of ``url``'s entry."""
 
-    async def make_room(self, files: EntryFiles, size: int, exclude: set[str]) -> None:
-        """Evict old entries so that ``size`` bytes of ``files`` fit under the cap."""
-
-    def after_complete(self, url: str) -> None:
-        """Bookkeeping once an entry is complete (blocking: called from a commit thread)."""
+    @property
+    def eviction(self) -> Eviction:
+        """The cap, and the evictions before and after entries are written."""
 
     def warn_uncached(self, exc: OSError, url: str) -> None:
         """Say (once) that this cache cannot take files, and why."""

@@ -1,23 +1,30 @@
 """Checking an entry's bytes against the checksum recorded when they were written.
 
 ``check_entry`` is the sync core (it reads the whole file: run it in a thread);
-``ModelCache.verify`` drives it under the entry's locks and removes what is corrupt.
+``verify_entry`` drives it under the entry's ``use`` lock and removes what is corrupt
+(removal.py), for ``ModelCache.verify``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeVar
 
-from .._threads import finish_before_cancel
+from .._threads import finish_before_cancel, run_blocking
 from .checksum import hash_file
-from .entry import EntryFiles, read_meta, regular_size
+from .entry import EntryFiles, cache_error, read_meta, regular_size
+from .locks import acquire
 from .records import VerifyResult
+from .removal import remove_corrupt
 
-__all__ = ["check_entry", "run_stoppable"]
+__all__ = ["check_entry", "run_stoppable", "verify_entry"]
+
+logger = logging.getLogger("aioloader")
 
 T = TypeVar("T")
 
@@ -71,3 +78,31 @@ async def run_stoppable(fn: Callable[[threading.Event], T]) -> T:
         with contextlib.suppress(Exception):
             await finish_before_cancel(future)
         raise
+
+
+async def verify_entry(files: EntryFiles, url: str, stall: float) -> VerifyResult:
+    """Check one entry and remove it when corrupt; ``url`` is shown in the result: redacted.
+
+    Raises:
+        CacheError: the entry cannot be read.
+    """
+    if not await run_blocking(None, files.exists):
+        return VerifyResult(url, "missing", f"{url} is not in the cache")
+    try:
+        # Held while hashing, so that eviction leaves the file alone meanwhile.
+        use = await acquire(files.use, exclusive=False, stall=stall, what=url)
+        try:
+            result = await run_stoppable(lambda stop: check_entry(files, url, stop))
+        finally:
+            use.release()
+    except OSError as exc:
+        raise cache_error(exc, files.root, f"verifying {url}") from exc
+    if result.status != "corrupt":
+        return result
+    logger.warning("model cache %s: %s; removing it", files.root, result.detail)
+    try:
+        removed = await remove_corrupt(files, url, stall)
+    except OSError as exc:
+        error = cache_error(exc, files.root, f"removing the corrupt {url}")
+        return replace(result, detail=f"{result.detail}; {error}")
+    return replace(result, removed=removed)
