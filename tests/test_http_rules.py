@@ -16,7 +16,8 @@ from aioloader.errors import (
     ReadTimeoutError,
     SourceError,
 )
-from aioloader.sources.http.filler import Filler, clip
+from aioloader.sources.base import clip
+from aioloader.sources.http.filler import Filler
 from aioloader.sources.http.retry import Retrier, RetryableError, backoff_delay
 from aioloader.sources.http.rules import (
     MAX_REDIRECTS,

@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..errors import ClosedError
-from ..sources.base import Blob
+from ..sources.base import Blob, clip
 from . import commit
 from .claim import Claim
 from .entry import cache_error, discard_quietly
-from .partial import PartialFile, clip, range_digest
+from .partial import PartialFile, range_digest
 from .write_after import LaterWrites
 
 if TYPE_CHECKING:

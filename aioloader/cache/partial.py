@@ -41,6 +41,7 @@ from typing import Any
 
 import xxhash
 
+from ..sources.base import clip
 from .checksum import DigestMismatch, PrefixHash, Published
 from .entry import (
     BOOT_ID,
@@ -55,25 +56,13 @@ from .entry import (
 from .paths import open_file
 from .ranges import RangeSet
 
-__all__ = ["PartialFile", "RangeMismatch", "clip", "range_digest"]
+__all__ = ["PartialFile", "RangeMismatch", "range_digest"]
 
 logger = logging.getLogger("aioloader")
 
 _CHECK_BLOCK = 8 << 20  # bytes read at once when a resumed range is checked
 _ALIGNMENT = 4096  # what O_DIRECT asks of offsets, lengths and addresses on every disk we know
 _DIRECT_IO = sys.platform == "linux" and hasattr(os, "O_DIRECT")
-
-
-def clip(buffers: Sequence[memoryview], limit: int) -> list[memoryview]:
-    """The buffers as bytes, cut to ``limit`` bytes: plans may reach past the end of a file."""
-    out = []
-    for buffer in buffers:
-        if limit <= 0:
-            break
-        view = buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
-        out.append(view[:limit])
-        limit -= view.nbytes
-    return out
 
 
 def _nothing() -> None:

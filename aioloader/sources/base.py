@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 
-__all__ = ["Blob", "Source", "aclose_all"]
+__all__ = ["Blob", "Source", "aclose_all", "clip"]
 
 
 class Blob(ABC):
@@ -84,3 +84,15 @@ async def aclose_all(blobs: Iterable[Blob]) -> None:
             first = first or exc
     if first is not None:
         raise first
+
+
+def clip(buffers: Sequence[memoryview], limit: int) -> list[memoryview]:
+    """The buffers as bytes, cut to ``limit`` bytes: plans may reach past the end of a file."""
+    out = []
+    for buffer in buffers:
+        if limit <= 0:
+            break
+        view = buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
+        out.append(view[:limit])
+        limit -= view.nbytes
+    return out

@@ -14,8 +14,8 @@ from typing import Any
 from ..._threads import run_blocking
 from ...errors import ClosedError
 from ...prefault import populate
-from ..base import Blob
-from .filler import Filler, clip
+from ..base import Blob, clip
+from .filler import Filler
 from .retry import Retrier, RetryableError, keep_pace
 from .rules import (
     check_encoding,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from .retry import RetryableError
 
-__all__ = ["Filler", "clip"]
+__all__ = ["Filler"]
 
 
 class Filler:
@@ -59,14 +59,3 @@ class Filler:
             if self._offset == target.nbytes:
                 self._index += 1
                 self._offset = 0
-
-
-def clip(buffers: Sequence[memoryview], limit: int) -> list[memoryview]:
-    """The buffers cut to ``limit`` bytes: plans may reach past the end of a file."""
-    out = []
-    for buffer in buffers:
-        if limit <= 0:
-            break
-        out.append(buffer[:limit])
-        limit -= buffer.nbytes
-    return out
