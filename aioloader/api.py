@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from .cache import CachingSource, ModelCache
 from .cache.fetch import REMOTE_SCHEMES
-from .config import HttpOptions, Limits, S3Options
+from .config import Limits
 from .devices.auto import device_for
 from .devices.base import Device
 from .errors import ClosedError, ConfigError
 from .layout import ModelLayout
+from .options import LoadKeywords, LoadOptions
 from .pipeline import Load, Progress, Selection, open_model
 from .ranks import ranks_for
 from .redact import redact
@@ -24,20 +25,26 @@ from .rows import Rows
 from .safetensors import FileHeader
 from .sources.auto import scheme_of, source_for, store_of
 from .sources.base import Source
-from .staging import ByteBudget
+from .staging import BudgetStatistics, ByteBudget
 from .stream import StreamStatistics, TensorStream
 
-__all__ = ["Loader", "ModelInfo", "StreamStatistics", "TensorStream", "inspect_model", "load_model"]
+__all__ = [
+    "Loader",
+    "LoaderStatistics",
+    "ModelInfo",
+    "StreamStatistics",
+    "TensorStream",
+    "inspect_model",
+    "load_model",
+]
 
 URL = str | Sequence[str]
 CacheDir = str | os.PathLike[str] | ModelCache | Literal[False] | None
 
 
 def _cache_for(cache_dir: CacheDir) -> ModelCache | None:
-    """``None`` means ``$AIOLOADER_CACHE_DIR`` when set, ``False`` no cache at all."""
-    if cache_dir is None:
-        cache_dir = os.environ.get("AIOLOADER_CACHE_DIR") or False
-    if cache_dir is False:
+    """``False`` (or ``None``, once options are built) means no cache at all."""
+    if cache_dir is False or cache_dir is None:
         return None
     if isinstance(cache_dir, ModelCache):
         return cache_dir
@@ -50,6 +57,23 @@ def _display(url: URL) -> str:
         return redact(url)
     urls = list(url)
     return redact(urls[0] if len(urls) == 1 else f"{urls[0]} and {len(urls) - 1} more files")
+
+
+@dataclass(frozen=True)
+class LoaderStatistics:
+    """A ``Loader``'s state at one moment.
+
+    Attributes:
+        budget: bytes staged and in flight, against the budget.
+        streams: streams open.
+        sources: each store's request statistics (remote stores), keyed by store.
+        cache: the node cache's counters, or None without a cache.
+    """
+
+    budget: BudgetStatistics
+    streams: int
+    sources: dict[str, Any]
+    cache: Any
 
 
 @dataclass(frozen=True)
@@ -78,56 +102,38 @@ class ModelInfo:
 class Loader:
     """A long-lived loader: keeps thread pools and budgets between loads.
 
-    Args:
-        device: where tensors go: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``.
-        framework: ``"torch"`` tensors, ``"numpy"`` host arrays or ``"cupy"`` GPU arrays.
-        limits: a Limits; or give its fields one by one:
-        concurrency: reads in flight at once (default 16).
-        chunk_size: the largest single read, e.g. ``"16MiB"``.
-        memory_limit: bytes in flight and staged at once (default: derived from
-            the container's memory limit; a value above it is refused).
-        http: retries, timeouts and extra headers for HTTP(S) and S3.
-        headers: shorthand for ``HttpOptions(headers=...)``, e.g. an Authorization token.
-        s3: endpoint, region, addressing style and anonymous access for S3.
-        cache_dir: a folder (or ModelCache) that remote files are cached in and loaded
-            from while unchanged on the server; default ``$AIOLOADER_CACHE_DIR`` if set,
-            ``False`` for none.
-        group: a ``torch.distributed`` process group (gloo) whose ranks all load the same
-            model: each reads about 1/N of the bytes and the ranks exchange the rest, so
-            every rank ends with every tensor (see aioloader/distributed.py). Every rank
-            must make the same calls, in the same order.
+    Takes a ``LoadOptions``, or its keywords one by one (all listed, with the
+    environment variables that set them, in aioloader/options.py):
+
+    - ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``;
+      ``framework``: ``"torch"`` tensors, ``"numpy"`` host arrays or ``"cupy"`` GPU arrays.
+    - ``limits`` (a Limits), or ``concurrency``, ``chunk_size``, ``memory_limit``.
+    - ``http`` (an HttpOptions), or ``headers``, ``max_attempts``, ``stall_timeout`` ...:
+      retries, timeouts and extra headers of remote reads.
+    - ``s3`` (an S3Options), or ``s3_endpoint_url``, ``s3_region`` ...
+    - ``cache_dir``: a folder (or ModelCache) that remote files are cached in and loaded
+      from while unchanged on the server; default ``$AIOLOADER_CACHE_DIR`` if set,
+      ``False`` for none.
+    - ``group``: a ``torch.distributed`` process group (gloo) whose ranks all load the
+      same model: each reads about 1/N of the bytes and the ranks exchange the rest, so
+      every rank ends with every tensor (see aioloader/ranks.py). Every rank must make
+      the same calls, in the same order.
 
     Use as ``async with Loader() as loader:``; ``aclose()`` is idempotent and a
     closed loader refuses new work.
     """
 
     def __init__(
-        self,
-        *,
-        device: Any = "cpu",
-        limits: Limits | None = None,
-        concurrency: int | None = None,
-        chunk_size: int | str | None = None,
-        memory_limit: int | str | None = None,
-        http: HttpOptions | None = None,
-        headers: Mapping[str, str] | None = None,
-        s3: S3Options | None = None,
-        framework: str = "torch",
-        cache_dir: CacheDir = None,
-        group: Any = None,
+        self, options: LoadOptions | None = None, /, **keywords: Unpack[LoadKeywords]
     ) -> None:
-        if headers is not None:
-            http = replace(http or HttpOptions(), headers=tuple(headers.items()))
-        self._http = http
-        self._s3 = s3
-        base = limits if limits is not None else Limits()
-        self.limits = base.with_options(
-            concurrency=concurrency, chunk_size=chunk_size, memory_limit=memory_limit
-        )
-        self._device: Device = device_for(device, self.limits, framework)
-        self._ranks = ranks_for(group, self._device)
-        self._budget = ByteBudget(self.limits.staging_bytes)
-        self._cache = _cache_for(cache_dir)
+        self.options = LoadOptions.build(options, **keywords)
+        limits = self.options.limits
+        assert limits is not None
+        self.limits: Limits = limits
+        self._device: Device = device_for(self.options.device, limits, self.options.framework)
+        self._ranks = ranks_for(self.options.group, self._device)
+        self._budget = ByteBudget(limits.staging_bytes)
+        self._cache = _cache_for(self.options.cache_dir)
         self._sources: dict[str, Source] = {}
         self._streams: set[TensorStream] = set()
         self._closed = False
@@ -140,13 +146,24 @@ class Loader:
             f"staging={b.used}/{b.limit}>"
         )
 
-    def statistics(self) -> dict[str, Any]:
-        """Budget use, open streams and cache counters, as a snapshot."""
-        return {
-            "budget": self._budget.statistics(),
-            "streams": len(self._streams),
-            "cache": self._cache.statistics() if self._cache is not None else None,
-        }
+    @property
+    def device(self) -> Device:
+        """Where this loader puts tensors."""
+        return self._device
+
+    def statistics(self) -> LoaderStatistics:
+        """Budget use, open streams, each store's requests and cache counters, as a snapshot."""
+        sources = {}
+        for store, source in self._sources.items():
+            stats = source.statistics()
+            if stats is not None:
+                sources[store] = stats
+        return LoaderStatistics(
+            budget=self._budget.statistics(),
+            streams=len(self._streams),
+            sources=sources,
+            cache=self._cache.statistics() if self._cache is not None else None,
+        )
 
     async def __aenter__(self) -> Loader:
         self._check_open()
@@ -180,7 +197,10 @@ class Loader:
         source = self._sources.get(store)
         if source is None:
             source = self._sources[store] = source_for(
-                urls[0], concurrency=self.limits.concurrency, http=self._http, s3=self._s3
+                urls[0],
+                concurrency=self.limits.concurrency,
+                http=self.options.http,
+                s3=self.options.s3,
             )
         if not cached or self._cache is None or scheme_of(urls[0]) not in REMOTE_SCHEMES:
             return source
@@ -302,31 +322,20 @@ class Loader:
 async def load_model(
     url: URL,
     *,
-    device: Any = "cpu",
     tensors: Selection = None,
     rows: Rows = None,
-    limits: Limits | None = None,
-    concurrency: int | None = None,
-    chunk_size: int | str | None = None,
-    memory_limit: int | str | None = None,
-    http: HttpOptions | None = None,
-    headers: Mapping[str, str] | None = None,
-    s3: S3Options | None = None,
-    framework: str = "torch",
-    cache_dir: CacheDir = None,
-    group: Any = None,
+    options: LoadOptions | None = None,
+    **keywords: Unpack[LoadKeywords],
 ) -> dict[str, Any]:
     """Load a safetensors model in one call.
 
     Args:
         url: a ``.safetensors`` file, ``file://`` URL, folder of shards, or
             ``*.safetensors.index.json``.
-        device: where the tensors go: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
-        framework: ``"torch"``, ``"numpy"`` (cpu) or ``"cupy"`` (cuda).
         tensors: names to load, or a predicate on names; ``None`` loads all.
         rows: only these rows of the first dimension of some tensors (see ``Loader.stream``).
-        limits, concurrency, chunk_size, memory_limit, http, headers, s3, cache_dir, group:
-            see ``Loader``.
+        options, keywords: what ``Loader`` takes (device, concurrency, headers, cache_dir,
+            group ...: see aioloader/options.py).
 
     Returns:
         ``{name: torch.Tensor}``, bit-identical to ``safetensors.torch.load_file``.
@@ -334,19 +343,7 @@ async def load_model(
     Raises:
         LoaderError: naming the URL, file, tensor or byte range and what to do.
     """
-    async with Loader(
-        device=device,
-        limits=limits,
-        concurrency=concurrency,
-        chunk_size=chunk_size,
-        memory_limit=memory_limit,
-        http=http,
-        headers=headers,
-        s3=s3,
-        framework=framework,
-        cache_dir=cache_dir,
-        group=group,
-    ) as loader:
+    async with Loader(options, **keywords) as loader:
         return await loader.load(url, tensors=tensors, rows=rows)
 
 

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from .api import Loader, ModelInfo
 from .config import MiB, format_size
 from .errors import LoaderError
+from .options import KEYWORDS
 
 __all__ = ["main"]
 
@@ -44,13 +45,51 @@ def _show(bar: Any, done: int, total: int) -> None:
     bar.update(done - bar.n)
 
 
+def _header(text: str) -> tuple[str, str]:
+    name, colon, value = text.partition(":")
+    if not colon or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not 'Name: value'")
+    return name.strip(), value.strip()
+
+
+def _add_load_options(parser: argparse.ArgumentParser) -> None:
+    """A flag for every keyword of a load that has a text form (options.py's table)."""
+    group = parser.add_argument_group("load options (each also read from AIOLOADER_<NAME>)")
+    for keyword in KEYWORDS:
+        if keyword.parse is None:
+            continue
+        variable = f" [{keyword.variable}]" if keyword.env else ""
+        group.add_argument(
+            keyword.flag,
+            type=keyword.parse,
+            dest=f"option_{keyword.name}",
+            help=f"{keyword.help}{variable}",
+            metavar=keyword.name.upper(),
+        )
+    group.add_argument(
+        "--header",
+        type=_header,
+        action="append",
+        dest="option_headers",
+        help="an HTTP header sent with every request to the model's host (repeatable)",
+        metavar="'NAME: VALUE'",
+    )
+
+
+def _load_options(args: argparse.Namespace) -> dict[str, Any]:
+    options = {
+        name[len("option_") :]: value
+        for name, value in vars(args).items()
+        if name.startswith("option_") and value is not None
+    }
+    if "headers" in options:
+        options["headers"] = dict(options["headers"])
+    return options
+
+
 async def _load(args: argparse.Namespace) -> int:
     with _progress_bar(sys.stderr) as bar:
-        async with Loader(
-            concurrency=args.concurrency,
-            chunk_size=args.chunk_size,
-            memory_limit=args.memory_limit,
-        ) as loader:
+        async with Loader(**_load_options(args)) as loader:
             selection = args.tensor or None
             async with loader.stream(args.url, tensors=selection) as stream:
                 last = 0.0
@@ -166,9 +205,7 @@ def _parser() -> argparse.ArgumentParser:
 
     load = sub.add_parser("load", help="load a model and report how long it took")
     load.add_argument("url", help="file, folder of shards, or *.safetensors.index.json")
-    load.add_argument("--concurrency", type=int, help="reads in flight (default 16)")
-    load.add_argument("--chunk-size", help="largest single read, e.g. 16MiB")
-    load.add_argument("--memory-limit", help="bytes in flight and staged, e.g. 2GiB")
+    _add_load_options(load)
     load.add_argument(
         "--tensor", action="append", help="load only this tensor (repeatable)", metavar="NAME"
     )

@@ -39,6 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .config import MAX_SECONDS, check_number
 from .errors import ConfigError
+from .options import LoadOptions
 
 __all__ = ["NodePreload", "load_shared", "preload", "release_shared"]
 
@@ -134,8 +135,8 @@ def preload(
     *,
     cache_dir: str,
     nodes: Sequence[str] | None = None,
-    concurrency: int | None = None,
     timeout: float | None = None,
+    **options: Any,
 ) -> list[NodePreload]:
     """Fill the node cache of every alive node (or of ``nodes``) with the models at ``urls``.
 
@@ -144,17 +145,21 @@ def preload(
         cache_dir: the cache folder on each node; ``{node_id}`` and ``{node_ip}`` are
             replaced with the node's (for nodes that share one file system).
         nodes: Ray node ids; default every alive node.
-        concurrency: range reads in flight per node.
         timeout: seconds to wait for all nodes; a node not done by then is reported
             failed (its actor is killed).
+        options: how each node reads, as ``ModelCache.fetch`` takes them
+            (``concurrency``, ``chunk_size``, ``headers``, retries, ``s3_*``: see
+            aioloader/options.py); checked here, before any actor starts.
 
     Returns:
         One NodePreload per node, in the order of ``nodes`` (or Ray's); a node that
         failed has ``error`` set, and the others are reported as they are.
     """
     cache_dir = check_cache_dir(cache_dir)
-    if concurrency is not None:
-        check_number("concurrency", concurrency, integer=True, positive=True)
+    for name in ("device", "framework", "group", "cache_dir"):
+        if options.get(name) is not None:
+            raise ConfigError(f"preload fills node caches; {name}= is for loads, not preloads")
+    LoadOptions.build(environ={}, **options)  # refused here, not on every node
     if timeout is not None:
         check_number("timeout", timeout, maximum=MAX_SECONDS)
     if not ray.is_initialized():
@@ -162,7 +167,6 @@ def preload(
     url_list = [urls] if isinstance(urls, str) else list(urls)
     alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
     wanted = list(nodes) if nodes is not None else list(alive)
-    options = {} if concurrency is None else {"concurrency": concurrency}
     pending: dict[str, tuple[Any, Any, str]] = {}
     results: dict[str, NodePreload] = {}
     for node_id in wanted:

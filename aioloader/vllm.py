@@ -41,8 +41,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import MAX_SECONDS, HttpOptions, S3Options, check_number, parse_size
+from .config import MAX_SECONDS, check_number, parse_size
 from .errors import ConfigError
+from .options import KEYWORDS, LoadOptions
 from .redact import redacting_logger
 
 __all__ = ["KEYS", "WINDOW", "VllmOptions", "register", "stream_weights"]
@@ -54,30 +55,23 @@ logger = redacting_logger("vllm.aioloader")
 LOAD_FORMAT = "aioloader"
 WINDOW = 2  # files whose tensors may be held at once
 
-# key -> (type or types accepted, what it is)
+# key -> (type or types accepted, what it is): a load's keywords (options.py) but where
+# the tensors go, which vLLM decides, and the two keys of this plugin's own.
 KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "url": ((str,), "where the weights are: a path, http(s):// or s3:// URL"),
-    "concurrency": ((int,), "reads in flight at once"),
-    "chunk_size": ((int, str), 'the largest single read, e.g. "16MiB"'),
-    "memory_limit": ((int, str), "bytes in flight and staged at once"),
-    "cache_dir": ((str,), "a node cache folder that remote files are kept in"),
-    "headers": ((dict,), "extra HTTP headers, e.g. an Authorization token"),
-    "max_attempts": ((int,), "attempts per range read before giving up"),
-    "stall_timeout": ((int, float), "seconds without a byte before a read is retried"),
-    "connect_timeout": ((int, float), "seconds to connect"),
-    "s3_endpoint_url": ((str,), "an S3-compatible endpoint (MinIO, Ceph RGW)"),
-    "s3_region": ((str,), "the S3 signing region"),
-    "s3_addressing": ((str,), '"auto", "path" or "virtual"'),
-    "s3_anonymous": ((bool,), "unsigned S3 requests (public buckets)"),
-    "s3_profile": ((str,), "a profile of the shared AWS config files"),
+    **{k.name: (k.types, k.help) for k in KEYWORDS if k.name not in ("device", "framework")},
     "distributed": ((bool,), "each of vLLM's ranks reads 1/N, the ranks exchange the rest"),
 }
 # The numeric keys: check_number's conditions for each (sizes go through parse_size).
 _NUMBERS: dict[str, dict[str, Any]] = {
     "concurrency": {"integer": True, "positive": True, "maximum": 1024},
     "max_attempts": {"integer": True, "positive": True},
+    "backoff": {"maximum": MAX_SECONDS},
+    "backoff_max": {"maximum": MAX_SECONDS},
     "stall_timeout": {"maximum": MAX_SECONDS},
     "connect_timeout": {"maximum": MAX_SECONDS},
+    "deadline": {"positive": True, "maximum": MAX_SECONDS},
+    "min_speed": {"integer": True},
 }
 _SIZES = ("chunk_size", "memory_limit")
 
@@ -87,7 +81,7 @@ class VllmOptions:
     """``--model-loader-extra-config``, checked."""
 
     url: str | None = None
-    loader: dict[str, Any] = field(default_factory=dict)  # Loader keyword arguments
+    loader: LoadOptions = field(default_factory=LoadOptions)  # what the Loader takes
     distributed: bool = False
 
     @classmethod
@@ -116,18 +110,9 @@ class VllmOptions:
                 check_number(f"--model-loader-extra-config: {key!r}", value, **_NUMBERS[key])
             elif key in _SIZES:
                 parse_size(value, what=f"--model-loader-extra-config: {key!r}")
-        loader: dict[str, Any] = {
-            k: extra[k] for k in ("concurrency", "chunk_size", "memory_limit") if k in extra
-        }
-        loader["cache_dir"] = extra.get("cache_dir", False)
-        retries = ("max_attempts", "stall_timeout", "connect_timeout")
-        http = {k: extra[k] for k in retries if k in extra}
-        if http or "headers" in extra:
-            headers = tuple((str(k), str(v)) for k, v in extra.get("headers", {}).items())
-            loader["http"] = HttpOptions(headers=headers, **http)
-        s3 = {k[3:]: extra[k] for k in extra if k.startswith("s3_")}
-        if s3:
-            loader["s3"] = S3Options(**s3)
+        loader = LoadOptions.build(
+            **{k: v for k, v in extra.items() if k not in ("url", "distributed")}
+        )
         return cls(url=extra.get("url"), loader=loader, distributed=extra.get("distributed", False))
 
 
@@ -142,7 +127,8 @@ def stream_weights(
     The load runs on its own event loop in a thread; the files are loaded in
     order, ``window`` at most held at once (a file's tensors count as held until
     the caller has asked for the tensor after its last). Closing the generator
-    early cancels the load. ``loader`` holds ``Loader``'s keyword arguments.
+    early cancels the load. ``loader`` holds ``Loader``'s keyword arguments (and
+    ``options=``, a LoadOptions).
 
     Raises:
         LoaderError: as the load raised it, naming the file, tensor or range.
@@ -159,7 +145,8 @@ def stream_weights(
         free = asyncio.Semaphore(window)
         handle["free"] = free
         started.set()
-        async with Loader(device=device, **loader) as source:
+        options = loader.pop("options", None)
+        async with Loader(options, device=device, **loader) as source:
             info = await source.inspect(url)
             for file in info.layout.files:
                 await free.acquire()
@@ -244,13 +231,13 @@ def _loader_class() -> type:
 
         def download_model(self, model_config: Any) -> None:
             """Fill the node cache ahead of the load, when one is configured."""
-            cache_dir = self.options.loader.get("cache_dir")
+            cache_dir = self.options.loader.cache_dir
             url = _weights_url(self.options, model_config)
             if cache_dir and "://" in url and not url.startswith("file://"):
                 from .cache.model_cache import ModelCache
 
-                cache = ModelCache(cache_dir)
-                asyncio.run(cache.fetch(url))
+                cache = cache_dir if isinstance(cache_dir, ModelCache) else ModelCache(cache_dir)
+                asyncio.run(cache.fetch(url, options=self.options.loader))
 
         def load_weights(self, model: Any, model_config: Any) -> None:
             url = _weights_url(self.options, model_config)
@@ -259,7 +246,7 @@ def _loader_class() -> type:
             device = "cpu" if group is not None else _device_of(model)
             expected = {name for name, _ in model.named_parameters()}
             started = time.perf_counter()
-            weights = stream_weights(url, device=device, group=group, **self.options.loader)
+            weights = stream_weights(url, device=device, group=group, options=self.options.loader)
             loaded = model.load_weights(weights)
             logger.info("Loading weights took %.2f seconds", time.perf_counter() - started)
             if getattr(model_config, "quantization", None) is None and loaded is not None:

@@ -93,7 +93,7 @@ async def test_cold_load_fills_the_cache_and_warm_load_reads_no_data(
     http_server.reset_counters()
     async with Loader(cache_dir=root, chunk_size="128KiB") as loader:
         got = await loader.load(url)
-        stats = loader.statistics()["cache"]
+        stats = loader.statistics().cache
     assert_matches_files(got, *shards)
     assert data_gets(http_server) == []  # only the probes
     assert len(http_server.gets()) == 4

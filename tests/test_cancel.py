@@ -32,8 +32,8 @@ async def test_cancel_at_any_point(medium: Path, ticks: int) -> None:
     async with Loader(chunk_size="256KiB", concurrency=4, memory_limit="2MiB") as loader:
         await cancel_stream_after(loader, str(medium), ticks)
         stats = loader.statistics()
-        assert stats["budget"].used == 0 and stats["budget"].waiting == 0
-        assert stats["streams"] == 0
+        assert stats.budget.used == 0 and stats.budget.waiting == 0
+        assert stats.streams == 0
     # The autouse fixture checks that no reader thread or descriptor is left.
 
 
@@ -42,7 +42,7 @@ async def test_leaving_a_stream_early_stops_the_readers(medium: Path) -> None:
         async with loader.stream(str(medium)) as stream:
             async for _ in stream:
                 break
-        assert loader.statistics()["budget"].used == 0
+        assert loader.statistics().budget.used == 0
         assert stream.statistics().tensors_done < 16
 
 
@@ -51,7 +51,7 @@ async def test_loader_close_stops_open_streams(medium: Path) -> None:
     stream = loader.stream(str(medium))
     await stream.__anext__()
     await loader.aclose()
-    assert loader.statistics()["budget"].used == 0
+    assert loader.statistics().budget.used == 0
 
 
 async def test_file_shrinking_mid_load_names_file_tensor_and_range(tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ async def test_file_shrinking_mid_load_names_file_tensor_and_range(tmp_path: Pat
             async with loader.stream(str(path)) as stream:
                 async for _ in stream:
                     os.truncate(path, 4096)
-        assert loader.statistics()["budget"].used == 0
+        assert loader.statistics().budget.used == 0
     message = str(info.value)
     assert str(path) in message and "shrank" in message
     assert "tensor 't" in message and "bytes [" in message

@@ -313,7 +313,7 @@ async def test_gives_up_after_max_attempts(http_server: FaultyHttpServer) -> Non
     async with Loader(concurrency=1, chunk_size="256KiB", http=options) as loader:
         with pytest.raises(ReadError) as info:
             await loader.load(url)
-        assert loader.statistics()["budget"].used == 0
+        assert loader.statistics().budget.used == 0
     error = info.value
     assert not isinstance(error, ReadTimeoutError)
     message = str(error)
@@ -378,7 +378,7 @@ async def test_throttling_lowers_requests_in_flight(http_server: FaultyHttpServe
     http_server.limit_concurrency(2, code=503, retry_after=0)
     async with Loader(concurrency=16, chunk_size="64KiB", http=FAST) as loader:
         got = await loader.load(http_server.url_for(NAME))
-        stats = loader._sources["http"].statistics()  # type: ignore[attr-defined]
+        stats = loader.statistics().sources["http"]
     assert_matches_files(got, path)
     assert stats.maximum == 16
     assert stats.throttled > 0
@@ -397,7 +397,7 @@ async def test_etag_change_mid_load(http_server: FaultyHttpServer) -> None:
             async with loader.stream(url) as stream:
                 async for name, tensor in stream:
                     seen[name] = tensor
-        assert loader.statistics()["budget"].used == 0
+        assert loader.statistics().budget.used == 0
     assert url in str(info.value)
     assert len(seen) < len(reference)
     # What was handed out before the change is the first version, never a mix.
@@ -487,9 +487,9 @@ async def test_cancel_mid_load(http_server: FaultyHttpServer, after_gets: int) -
         with pytest.raises(asyncio.CancelledError):
             await task
         stats = loader.statistics()
-        assert stats["budget"].used == 0 and stats["budget"].waiting == 0
-        assert stats["streams"] == 0
-        limiter = loader._sources["http"].statistics()  # type: ignore[attr-defined]
+        assert stats.budget.used == 0 and stats.budget.waiting == 0
+        assert stats.streams == 0
+        limiter = loader.statistics().sources["http"]
         assert limiter.in_flight == 0 and limiter.waiting == 0
     # The server's handlers end once their clients are gone.
     assert await poll(lambda: http_server.in_flight == 0)

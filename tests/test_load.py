@@ -145,7 +145,7 @@ async def test_memory_limit_bounds_staging(tmp_path: Path) -> None:
     async with Loader(memory_limit="1MiB", chunk_size="64KiB", concurrency=16) as loader:
         async with loader.stream(str(path)) as stream:
             got = {name: t async for name, t in stream}
-        assert loader.statistics()["budget"].used == 0
+        assert loader.statistics().budget.used == 0
     assert_matches_files(got, path)
     assert stream.report is not None
     assert 0 < stream.report.peak_staging_bytes <= 1 << 20
@@ -206,4 +206,4 @@ async def test_an_error_in_the_block_propagates_as_it_is(tmp_path: Path) -> None
             async with loader.stream(str(path)) as stream:
                 async for _ in stream:
                     raise ValueError("mine")
-        assert loader.statistics()["budget"].used == 0
+        assert loader.statistics().budget.used == 0

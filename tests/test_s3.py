@@ -259,11 +259,11 @@ async def test_endpoint_from_options_and_path_style(
     bucket = new_bucket()
     path = write_file(tmp_path / "m.safetensors", big_tensors(count=1))
     moto_server.upload(bucket, "", path)
+    # A custom endpoint means path-style addressing unless told otherwise: virtual-hosted
+    # style would ask for the host {bucket}.127.0.0.1, which does not resolve.
     async with Loader(s3=S3Options(endpoint_url=moto_server.endpoint)) as loader:
         assert_matches_files(await loader.load(f"s3://{bucket}/m.safetensors"), path)
-        source = repr(loader._sources["s3"])
-    # A custom endpoint means path-style addressing unless told otherwise.
-    assert moto_server.endpoint in source and "path_style=True" in source
+        assert loader.statistics().sources["s3"].maximum > 0
 
 
 @pytest.mark.parametrize("how", ["env", "option"])
@@ -350,7 +350,7 @@ async def test_object_overwritten_mid_load(s3_env: MotoS3Server, tmp_path: Path)
                         # Blocking on purpose: the load cannot move on meanwhile.
                         s3_env.put_object(bucket, "m.safetensors", changed.read_bytes())
                     seen[name] = tensor
-        assert loader.statistics()["budget"].used == 0
+        assert loader.statistics().budget.used == 0
     assert url in str(info.value)
     assert 0 < len(seen) < len(tensors)
     assert_same(seen, {n: tensors[n] for n in seen})  # only ever the first version

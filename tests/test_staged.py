@@ -25,7 +25,7 @@ from .helpers import (
 
 
 def _ring(loader: Loader) -> StagedDevice:
-    device = loader._device
+    device = loader.device
     assert isinstance(device, StagedDevice)
     return device
 
@@ -51,7 +51,7 @@ async def test_ring_never_exceeds_memory_limit(tmp_path: Path) -> None:
             got = {name: t async for name, t in stream}
         device = _ring(loader)
         assert device.ring_bytes <= 1 << 20
-        assert loader.statistics()["budget"].used == 0
+        assert loader.statistics().budget.used == 0
     assert stream.report is not None and stream.report.peak_staging_bytes <= 1 << 20
     assert_matches_files(got, path)
 
@@ -81,7 +81,7 @@ async def test_cancel_returns_every_slot(tmp_path: Path, ticks: int) -> None:
     async with Loader(device=HostCopyEngine(), chunk_size="64KiB", memory_limit="512KiB") as loader:
         await cancel_stream_after(loader, str(path), ticks)
         assert _ring(loader).ring.in_use == 0
-        assert loader.statistics()["budget"].used == 0
+        assert loader.statistics().budget.used == 0
         # The loader still works afterwards, on the same ring.
         assert_matches_files(await loader.load(str(path)), path)
 
@@ -196,7 +196,7 @@ async def test_readers_wait_for_a_free_slot(tmp_path: Path) -> None:
     ) as loader:
         got = await loader.load(str(path))
         ring = _ring(loader).ring
-        assert loader.statistics()["budget"].used == 0
+        assert loader.statistics().budget.used == 0
     assert ring.slots == 4 and ring.peak_in_use == 4, "every slot was in use at some point"
     assert ring.in_use == 0
     assert_matches_files(got, path)
@@ -210,5 +210,5 @@ async def test_cancel_while_readers_wait_for_slots(tmp_path: Path, ticks: int) -
     ) as loader:
         await cancel_stream_after(loader, str(path), ticks)
         assert _ring(loader).ring.in_use == 0
-        assert loader.statistics()["budget"].used == 0
+        assert loader.statistics().budget.used == 0
         assert_matches_files(await loader.load(str(path)), path)

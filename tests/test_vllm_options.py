@@ -30,19 +30,34 @@ def test_every_key_becomes_a_loader_setting() -> None:
     )
     assert options.distributed
     assert options.url == "s3://bucket/llama/"
-    assert options.loader["concurrency"] == 32 and options.loader["chunk_size"] == "8MiB"
-    assert options.loader["cache_dir"] == "/var/cache/aioloader"
-    http = options.loader["http"]
+    limits = options.loader.limits
+    assert limits is not None and limits.concurrency == 32 and limits.chunk_size == 8 << 20
+    assert options.loader.cache_dir == "/var/cache/aioloader"
+    http = options.loader.http
     assert isinstance(http, HttpOptions)
     assert http.headers == (("Authorization", "Bearer x"),) and http.max_attempts == 3
-    assert options.loader["s3"] == S3Options(
+    assert options.loader.s3 == S3Options(
         endpoint_url="http://minio:9000", region="eu-west-1", addressing="path",
         anonymous=False, profile="serving",
     )  # fmt: skip
 
 
-def test_no_keys_means_no_cache_unless_asked() -> None:
-    assert VllmOptions.parse(None) == VllmOptions(url=None, loader={"cache_dir": False})
+def test_no_keys_means_no_cache_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIOLOADER_CACHE_DIR", raising=False)
+    options = VllmOptions.parse(None)
+    assert options.url is None and options.loader.cache_dir is False
+    monkeypatch.setenv("AIOLOADER_CACHE_DIR", "/var/cache/aioloader")  # asked by the node
+    assert VllmOptions.parse(None).loader.cache_dir == "/var/cache/aioloader"
+
+
+def test_the_keys_are_the_load_options() -> None:
+    """One list of options: vLLM's keys are the load's keywords, less where tensors go."""
+    from aioloader.options import KEYWORDS
+
+    assert set(KEYS) == {k.name for k in KEYWORDS} - {"device", "framework"} | {
+        "url",
+        "distributed",
+    }
 
 
 def test_an_unknown_key_is_named_with_the_valid_ones() -> None:

@@ -13,13 +13,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
 from typing import Any
 
 from .._threads import run_blocking
-from ..config import HttpOptions, Limits, S3Options
+from ..config import Limits
 from ..errors import CacheError, ConfigError
 from ..layout import resolve_layout
+from ..options import LoadOptions
 from ..sources.auto import scheme_of, source_for
 from ..sources.base import Blob, Source, aclose_all
 from ..tasks import gather
@@ -33,7 +33,7 @@ from .protocol import CacheProtocol
 from .ranges import split
 from .records import CachedModel
 
-__all__ = ["REMOTE_SCHEMES", "FetchOptions", "Progress", "fetch_model", "version_of"]
+__all__ = ["REMOTE_SCHEMES", "Progress", "fetch_model", "version_of"]
 
 logger = logging.getLogger("aioloader")
 
@@ -66,28 +66,6 @@ class Meter:
         self.done += n
         if self.callback is not None and n:
             self.callback(self.done, self.total)
-
-
-@dataclass(frozen=True)
-class FetchOptions:
-    limits: Limits
-    http: HttpOptions | None
-    s3: S3Options | None
-
-    @classmethod
-    def of(
-        cls,
-        limits: Limits | None,
-        concurrency: int | None,
-        chunk_size: int | str | None,
-        http: HttpOptions | None,
-        headers: Mapping[str, str] | None,
-        s3: S3Options | None,
-    ) -> FetchOptions:
-        if headers is not None:
-            http = replace(http or HttpOptions(), headers=tuple(headers.items()))
-        base = limits if limits is not None else Limits()
-        return cls(base.with_options(concurrency=concurrency, chunk_size=chunk_size), http, s3)
 
 
 class Fetcher:
@@ -259,7 +237,7 @@ class Fetcher:
 async def fetch_model(
     cache: CacheProtocol,
     url: str | list[str],
-    options: FetchOptions,
+    options: LoadOptions,
     progress: Progress | None,
 ) -> CachedModel:
     """Make every file of the model at ``url`` complete in ``cache``; see ``ModelCache.fetch``."""
@@ -273,6 +251,7 @@ async def fetch_model(
                 "(load local files directly)"
             )
     limits = options.limits
+    assert limits is not None
     source = source_for(urls[0], concurrency=limits.concurrency, http=options.http, s3=options.s3)
     executor = ThreadPoolExecutor(limits.concurrency, thread_name_prefix="aioloader-cache")
     try:

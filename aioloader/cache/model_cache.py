@@ -25,18 +25,19 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Unpack
 
 from .._threads import run_blocking
-from ..config import HttpOptions, Limits, S3Options
 from ..errors import ConfigError
+from ..options import LoadKeywords, LoadOptions
 from ..redact import redact
 from . import commit
 from .entry import EntryFiles, cache_error
 from .eviction import Eviction, list_entries
-from .fetch import FetchOptions, Progress, fetch_model
+from .fetch import Progress, fetch_model
 from .locks import STALL_SECONDS
 from .records import CachedModel, CacheEntry, CacheStatistics, VerifyResult
 from .removal import remove_entry
@@ -71,6 +72,8 @@ def _check_etag_from_env() -> bool:
         "downloads against ETags that look like MD5s) or 1 (check them, the default)"
     )
 
+
+_NOT_FOR_FETCH = ("device", "framework", "group", "cache_dir")
 
 # Roots whose "cannot cache here" warning was shown: once per process, not per load.
 _warned_roots: set[str] = set()
@@ -157,22 +160,20 @@ class ModelCache:
         self,
         url: str | Sequence[str],
         *,
-        limits: Limits | None = None,
-        concurrency: int | None = None,
-        chunk_size: int | str | None = None,
-        http: HttpOptions | None = None,
-        headers: Mapping[str, str] | None = None,
-        s3: S3Options | None = None,
         progress: Progress | None = None,
+        options: LoadOptions | None = None,
+        **keywords: Unpack[LoadKeywords],
     ) -> CachedModel:
         """Make every file of the model at ``url`` complete in the cache.
 
         Args:
             url: an ``http(s)://`` or ``s3://`` model, as ``load_model`` takes it (an
                 index, an S3 prefix, a file, or a list of file URLs).
-            limits, concurrency, chunk_size, http, headers, s3: as for ``Loader``;
-                ``concurrency`` ranges of ``chunk_size`` bytes are downloaded at once.
             progress: called as ``progress(bytes_done, bytes_total)`` as bytes arrive.
+            options, keywords: as for ``Loader``, those that say how to read
+                (``concurrency`` ranges of ``chunk_size`` bytes are downloaded at once;
+                ``headers``, retries, ``s3_*``); where tensors would go (``device``,
+                ``framework``, ``group``, ``cache_dir``) is refused.
 
         Returns:
             The CachedModel, with a local ``path`` that ``load_model`` reads directly.
@@ -187,9 +188,15 @@ class ModelCache:
         urls = (url,) if isinstance(url, str) else tuple(url)
         flight = self._flights.get(urls)
         if flight is None or flight.task.done():
-            options = FetchOptions.of(limits, concurrency, chunk_size, http, headers, s3)
+            for name in _NOT_FOR_FETCH:
+                if keywords.get(name) is not None:
+                    raise ConfigError(
+                        f"ModelCache.fetch downloads into the cache; {name}= is for loads "
+                        "(load_model, Loader), not for fetches"
+                    )
+            built = LoadOptions.build(options, **keywords)
             task = asyncio.get_running_loop().create_task(
-                fetch_model(self, url if isinstance(url, str) else list(urls), options, progress),
+                fetch_model(self, url if isinstance(url, str) else list(urls), built, progress),
                 name=f"aioloader cache fetch {urls[0]}",
             )
             flight = self._flights[urls] = _Flight(task)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 __all__ = ["Blob", "Source", "aclose_all", "clip"]
 
@@ -64,6 +65,10 @@ class Source(ABC):
     def parent(self, url: str) -> str:
         """The folder holding ``url`` (here: ``/``-separated URLs)."""
         return url.rsplit("/", 1)[0]
+
+    def statistics(self) -> Any:
+        """Request statistics of a remote store (a snapshot); None where it keeps none."""
+        return None
 
     @abstractmethod
     async def aclose(self) -> None:
