@@ -27,6 +27,7 @@ from .sources.auto import scheme_of, source_for, store_of
 from .sources.base import Source
 from .staging import BudgetStatistics, ByteBudget
 from .stream import StreamStatistics, TensorStream
+from .threads import Lanes
 
 __all__ = [
     "Loader",
@@ -130,7 +131,12 @@ class Loader:
         limits = self.options.limits
         assert limits is not None
         self.limits: Limits = limits
-        self._device: Device = device_for(self.options.device, limits, self.options.framework)
+        # Every thread of this loader's loads: its sources', cache's and device's lanes,
+        # started on first use, closed in aclose (threads.py).
+        self._lanes = Lanes(limits.concurrency)
+        self._device: Device = device_for(
+            self.options.device, limits, self.options.framework, self._lanes.setup
+        )
         self._ranks = ranks_for(self.options.group, self._device)
         self._budget = ByteBudget(limits.staging_bytes)
         self._cache = _cache_for(self.options.cache_dir)
@@ -198,7 +204,7 @@ class Loader:
         if source is None:
             source = self._sources[store] = source_for(
                 urls[0],
-                concurrency=self.limits.concurrency,
+                lanes=self._lanes,
                 http=self.options.http,
                 s3=self.options.s3,
             )
@@ -212,7 +218,7 @@ class Loader:
             caching = self._sources[key] = CachingSource(
                 source,
                 self._cache,
-                threads=self.limits.concurrency,
+                lanes=self._lanes,
                 write_after=not self._device.copies,
             )
         return caching
@@ -262,7 +268,7 @@ class Loader:
     async def inspect(self, url: URL) -> ModelInfo:
         """Read and validate the headers of ``url`` without reading tensor data."""
         self._check_open()
-        async with await open_model(self._source(url), url, self.limits.concurrency) as model:
+        async with await open_model(self._source(url), url, self._lanes) as model:
             return ModelInfo(url=_display(url), layout=model.layout, headers=tuple(model.headers))
 
     async def _run(
@@ -278,7 +284,7 @@ class Loader:
         source = self._source(url, cached=True)
         ranks = self._ranks()
         try:
-            model = await open_model(source, url, self.limits.concurrency)
+            model = await open_model(source, url, self._lanes)
         except BaseException as exc:
             await ranks.announce_failure(exc)
             raise
@@ -288,6 +294,7 @@ class Loader:
             ranks=ranks,
             device=self._device,
             limits=self.limits,
+            lanes=self._lanes,
             budget=self._budget,
             selection=selection,
             rows=rows,
@@ -306,9 +313,13 @@ class Loader:
             await stream.aclose()
         self._streams.clear()
         sources, self._sources = list(self._sources.values()), {}
-        for source in sources:
-            await source.aclose()
-        await self._device.aclose()
+        try:
+            for source in sources:
+                await source.aclose()
+            await self._device.aclose()
+        finally:
+            # Every call into them has returned (run_blocking waits): joins at once.
+            self._lanes.close()
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
         if not getattr(self, "_closed", True) and self._sources:

@@ -10,8 +10,8 @@ tensors' final memory, and every read is broadcast from the rank that read it
 straight into the same place on every other rank: no extra copy, and nothing held
 beyond the tensors themselves.
 
-The broadcasts run in one thread per rank ("aioloader-exchange", owned by the load
-and closed with it), in the same order on every rank (round
+The broadcasts run in one thread per rank (the ``exchange`` lane of threads.py,
+owned by the load and closed with it), in the same order on every rank (round
 robin over the shares, so each rank's first reads go out first), two at a time,
 while the event loop goes on reading: exchange overlaps reading. Each read's data goes after a
 small status broadcast from its owner, so that a rank that fails (or is
@@ -39,10 +39,8 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ._threads import finish_before_cancel, run_blocking
 from .agreement import (
     Status,
     compare,
@@ -57,6 +55,7 @@ from .errors import ConfigError, DistributedError
 from .plan import Read, Span
 from .safetensors import FileHeader
 from .sources.base import Blob
+from .threads import Lane, finish_before_cancel, run_blocking
 
 __all__ = ["DistributedError", "Exchange", "announce_failure", "run_exchange", "split_by_bytes"]
 
@@ -67,9 +66,9 @@ _UNIT = 64 << 20  # the most bytes of neighbouring reads broadcast at once
 # default, so while one unit goes out the next one's status and data can start. With
 # 4 ranks on 2 vCPUs a 1.08 GB load took 4.7-5.3 s this way, 5.9-9.9 s one at a time.
 _IN_FLIGHT = 2
-# The thread a collective waits in: its own, never the default executor's, which a
-# collective waiting for a slow rank would hold for up to the group's timeout.
-_THREAD = "aioloader-exchange"
+# The lane a collective waits in: its own, never a shared one, which a collective
+# waiting for a slow rank would hold for up to the group's timeout.
+_LANE = "exchange"
 
 T = TypeVar("T")
 
@@ -103,8 +102,8 @@ def _gather(group: Any, mine: Any) -> list[Any]:
 
 async def _collective(fn: Callable[[], T]) -> T:
     """Run the blocking ``fn`` in a thread of its own, closed once ``fn`` returns."""
-    with ThreadPoolExecutor(1, thread_name_prefix=_THREAD) as pool:
-        return await run_blocking(pool, fn)
+    with Lane(_LANE, 1) as lane:
+        return await run_blocking(lane, fn)
 
 
 async def announce_failure(group: Any, error: BaseException) -> None:
@@ -296,8 +295,8 @@ async def run_exchange(
             keep(read, buffer_of(read.span, read.start, read.end))
         loop.call_soon_threadsafe(landed, read)
 
-    with ThreadPoolExecutor(1, thread_name_prefix=_THREAD) as pool:
-        future = loop.run_in_executor(pool, lambda: ex.run(buffer_of, received))
+    with Lane(_LANE, 1) as lane:
+        future = loop.run_in_executor(lane, lambda: ex.run(buffer_of, received))
         try:
             await asyncio.shield(future)
         except asyncio.CancelledError:

@@ -19,10 +19,10 @@ import difflib
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ._threads import run_blocking
 from .config import Limits
 from .devices.base import Device, SpanAllocation, Staged
 from .errors import FormatError, HeaderError, NotFoundError, ReadError, SelectionError
@@ -41,6 +41,7 @@ from .safetensors import (
 from .sources.base import Blob, Source, aclose_all
 from .staging import ByteBudget, Share
 from .tasks import gather
+from .threads import Lanes, run_blocking
 
 __all__ = ["OpenModel", "Progress", "Selection", "Load", "load_headers", "open_model"]
 
@@ -60,7 +61,7 @@ _PARSE_INLINE = 256 * 1024
 _PLAN_INLINE = 20_000
 
 
-async def _read_header(blob: Blob) -> FileHeader:
+async def _read_header(blob: Blob, lane: Executor) -> FileHeader:
     first = await blob.read_bytes(0, min(blob.size, _HEADER_PROBE))
     length = parse_header_length(first, blob.url, blob.size)
     end = PREFIX_SIZE + length
@@ -70,14 +71,15 @@ async def _read_header(blob: Blob) -> FileHeader:
     if len(raw) != length:
         raise HeaderError(f"{blob.url}: file ended inside its {length}-byte header")
     if length > _PARSE_INLINE:
-        return await run_blocking(None, lambda: parse_header(raw, blob.url, blob.size))
+        return await run_blocking(lane, lambda: parse_header(raw, blob.url, blob.size))
     return parse_header(raw, blob.url, blob.size)
 
 
 async def load_headers(
-    source: Source, layout: ModelLayout, concurrency: int
+    source: Source, layout: ModelLayout, concurrency: int, lane: Executor
 ) -> tuple[list[Blob], list[FileHeader]]:
-    """Open every file of ``layout`` and parse its header, ``concurrency`` at a time.
+    """Open every file of ``layout`` and parse its header, ``concurrency`` at a time
+    (long headers in ``lane``).
 
     On error every opened file is closed again before the error propagates.
     """
@@ -96,7 +98,7 @@ async def load_headers(
                     f"{layout.index} names shard {url}, which does not exist; download "
                     "the complete model (every shard the index lists)"
                 ) from exc
-            headers[i] = await _read_header(blobs[i])  # type: ignore[arg-type]
+            headers[i] = await _read_header(blobs[i], lane)  # type: ignore[arg-type]
 
     try:
         await gather(one(i, url) for i, url in enumerate(layout.files))
@@ -127,11 +129,12 @@ class OpenModel:
         await self.aclose()
 
 
-async def open_model(source: Source, url: str | Sequence[str], concurrency: int) -> OpenModel:
+async def open_model(source: Source, url: str | Sequence[str], lanes: Lanes) -> OpenModel:
     """Find the files of ``url`` (a file, a folder, an index or a list), open each and read
-    its header: the first step of a load, and all of an inspection."""
+    its header (``lanes.concurrency`` at a time, long headers parsed in ``lanes.compute``):
+    the first step of a load, and all of an inspection."""
     layout = await resolve_layout(source, url)
-    blobs, headers = await load_headers(source, layout, concurrency)
+    blobs, headers = await load_headers(source, layout, lanes.concurrency, lanes.compute)
     return OpenModel(layout, blobs, headers)
 
 
@@ -215,6 +218,7 @@ class Load:
         ranks: Ranks,
         device: Device,
         limits: Limits,
+        lanes: Lanes,
         budget: ByteBudget,
         selection: Selection,
         emit: Emit,
@@ -228,6 +232,7 @@ class Load:
         self.layout = model.layout
         self.device = device
         self.limits = limits
+        self.lanes = lanes
         self.share = Share(budget)
         self.selection = selection
         self.rows = rows
@@ -280,7 +285,7 @@ class Load:
         if sum(len(h.tensors) for h in headers) <= _PLAN_INLINE:
             return self._plan(headers)
         # Pure work; a tensors= predicate is then called in that thread too.
-        return await run_blocking(None, lambda: self._plan(headers))
+        return await run_blocking(self.lanes.compute, lambda: self._plan(headers))
 
     def _plan(self, headers: Sequence[FileHeader]) -> _Plan:
         all_tensors = _check_layout(self.layout, headers)

@@ -45,6 +45,7 @@ from .config import MAX_SECONDS, check_number, parse_size
 from .errors import ConfigError
 from .options import KEYWORDS, LoadOptions
 from .redact import redacting_logger
+from .threads import start_thread
 
 __all__ = ["KEYS", "WINDOW", "VllmOptions", "register", "stream_weights"]
 
@@ -164,8 +165,7 @@ def stream_weights(
         finally:
             started.set()
 
-    thread = threading.Thread(target=main, name="aioloader-vllm", daemon=True)
-    thread.start()
+    thread = start_thread("vllm", main)
     started.wait()
     release = _releaser(handle)
     reports = []

@@ -172,12 +172,14 @@ def test_urls_of_an_account_name_the_account_endpoint_and_sas(
     from aioloader.sources.auto import source_for
     from aioloader.sources.azure.source import AzureSource
     from aioloader.sources.azure.url import Location, is_azure_url
+    from aioloader.threads import Lanes
 
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
     monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_NAME", raising=False)
     url = "https://acct.blob.core.windows.net/box/llm/model.safetensors?sv=1&sig=abc%2B"
     assert is_azure_url(url) and is_azure_url("az://box/x") and not is_azure_url("https://x.y/z")
-    assert isinstance(source_for(url, concurrency=2), AzureSource)
+    with Lanes(2) as lanes:
+        assert isinstance(source_for(url, lanes=lanes), AzureSource)
     where = Location(url)
     assert (where.account, where.container, where.name) == ("acct", "box", "llm/model.safetensors")
     assert where.endpoint == "https://acct.blob.core.windows.net" and where.url_sas.endswith("%2B")

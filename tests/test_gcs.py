@@ -14,6 +14,7 @@ import pytest
 
 from aioloader import ConfigError, ModelCache, NotFoundError, load_model
 from aioloader.sources.gcs.signer import GcsSigner, _find
+from aioloader.threads import Lane
 
 from .helpers import assert_matches_files, random_tensors, some_big, write_file, write_sharded
 from .servers import GcsEmulator
@@ -106,8 +107,9 @@ def test_the_credentials_in_use_are_named_with_the_secret_masked(
     assert credentials is not None
     assert "service account loa***@proj.iam.gserviceaccount.com" in described
     assert str(creds) in described and "PRIVATE KEY" not in described
-    signer = GcsSigner()
-    asyncio.run(signer.setup())
+    with Lane("setup", 1) as lane:
+        signer = GcsSigner(lane)
+        asyncio.run(signer.setup())
     message = signer.describe_denied("gs://b/o", 403, "Forbidden")
     assert "loa***@proj.iam.gserviceaccount.com" in message and "objectViewer" in message
 

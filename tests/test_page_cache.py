@@ -140,7 +140,7 @@ async def test_a_warm_load_starts_no_disk_readers(tmp_path: Path) -> None:
         started = reader_threads()
     assert_matches_files(got, path)
     assert "aioloader-warm" in started
-    assert "aioloader-read" not in started
+    assert "aioloader-cold" not in started
 
 
 async def test_a_cold_load_starts_the_disk_readers(tmp_path: Path) -> None:
@@ -151,6 +151,6 @@ async def test_a_cold_load_starts_the_disk_readers(tmp_path: Path) -> None:
 
     async with Loader(chunk_size="1MiB", concurrency=8) as loader:
         got = await loader.load(str(path))
-        started = [t.name for t in threading.enumerate() if t.name.startswith("aioloader-read")]
+        started = [t.name for t in threading.enumerate() if t.name.startswith("aioloader-cold")]
     assert_matches_files(got, path)
     assert len(started) == 8

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from .._threads import run_blocking
 from ..errors import CacheError, ClosedError
 from ..sources.base import Blob, Source, aclose_all
 from ..sources.file import FileSource
+from ..threads import Lane, Lanes, run_blocking
 from .claim import BUSY, Claim, claim
 from .entry import EntryFiles, Version, cache_error, discard_quietly, no_room
 from .fetch import version_of
@@ -93,24 +92,24 @@ class CachingSource(Source):
     Args:
         inner: the remote Source (HTTP or S3).
         cache: the cache to read from and fill.
-        threads: threads for local reads and cache writes, normally ``concurrency``.
+        lanes: the owner's threads (threads.py): local reads go to its file lanes, the
+            cache's file work to its ``cache`` lane; the owner closes them after this.
         write_after: the buffers reads land in are the caller's tensors, which stay
             as they are: write them after the load (write_after.py); else each read
             is written before it returns (write_through.py).
 
-    ``aclose`` releases the threads; ``inner`` belongs to the caller and stays open.
+    ``inner`` and ``lanes`` belong to the caller and stay open.
     """
 
     def __init__(
-        self, inner: Source, cache: CacheProtocol, *, threads: int, write_after: bool = False
+        self, inner: Source, cache: CacheProtocol, *, lanes: Lanes, write_after: bool = False
     ) -> None:
         self.inner = inner
         self.cache = cache
         self.write_after = write_after
         self._mode: WriteMode = WriteAfter() if write_after else WriteThrough()
-        self._threads = threads
+        self.lanes = lanes
         self._local: FileSource | None = None
-        self._executor: ThreadPoolExecutor | None = None
         self._closed = False
         # Blobs handed out and not closed yet: closed with the source at the latest,
         # so a caller that lost one (cancelled mid-cleanup) leaks no lock for long.
@@ -119,12 +118,10 @@ class CachingSource(Source):
     def __repr__(self) -> str:
         return f"<CachingSource {self.inner!r} cache={self.cache!r}>"
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def _pool(self) -> Lane:
         if self._closed:
             raise ClosedError("this CachingSource is closed")
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="aioloader-cache")
-        return self._executor
+        return self.lanes.cache
 
     def track(self, blob: Blob) -> None:
         """Count ``blob`` as handed out: ``aclose`` closes it if its caller does not."""
@@ -135,7 +132,7 @@ class CachingSource(Source):
         self._open_blobs.discard(blob)
 
     async def run(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` (local reads, cache writes) in this source's threads.
+        """Run ``fn`` (local reads, cache writes) in the ``cache`` lane.
 
         Raises:
             ClosedError: the source is closed.
@@ -144,7 +141,7 @@ class CachingSource(Source):
 
     def _local_source(self) -> FileSource:
         if self._local is None:
-            self._local = FileSource(self._threads)
+            self._local = FileSource(self.lanes)
         return self._local
 
     async def list_dir(self, url: str) -> list[str] | None:
@@ -240,7 +237,9 @@ class CachingSource(Source):
         but the descriptor opened next keeps its bytes readable until the load ends.
         """
         try:
-            return await acquire(files.use, exclusive=False, stall=self.cache.lock_stall, what=url)
+            lane = self.lanes.cache
+            stall = self.cache.lock_stall
+            return await acquire(files.use, exclusive=False, executor=lane, stall=stall, what=url)
         except OSError as exc:
             if not no_room(exc):
                 raise cache_error(exc, self.cache.root, f"holding {url}") from exc
@@ -249,7 +248,7 @@ class CachingSource(Source):
     async def _prepare(self, url: str, files: EntryFiles, version: Version) -> PartialFile | None:
         """The entry's partial file, under its lock; None when the cache has no room."""
         try:
-            await self.cache.eviction.make_room(files, version.size, set())
+            await self.cache.eviction.make_room(files, version.size, set(), self.lanes.cache)
         except CacheError as exc:
             logger.warning("%s", exc)  # other entries stay; this load goes on
         try:
@@ -274,10 +273,5 @@ class CachingSource(Source):
         finally:
             self._closed = True
             local, self._local = self._local, None
-            try:
-                if local is not None:
-                    await local.aclose()
-            finally:
-                executor, self._executor = self._executor, None
-                if executor is not None:
-                    executor.shutdown(wait=True)
+            if local is not None:
+                await local.aclose()

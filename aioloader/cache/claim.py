@@ -22,7 +22,7 @@ import enum
 import logging
 from concurrent.futures import Executor
 
-from .._threads import run_blocking
+from ..threads import run_blocking
 from .entry import EntryFiles, Version
 from .locks import (
     STALL_SECONDS,
@@ -109,7 +109,9 @@ async def claim(
         if by == "load" and not await run_blocking(executor, lambda: held_by_other(files.writer)):
             return BUSY
         try:
-            lock = await acquire(files.lock, exclusive=True, stall=stall, what=url)
+            lock = await acquire(
+                files.lock, exclusive=True, executor=executor, stall=stall, what=url
+            )
         except LockStalled as exc:
             if by != "load":
                 raise

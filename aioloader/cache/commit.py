@@ -29,8 +29,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-from .._threads import SharedPool
 from ..errors import CacheError
+from ..threads import COMMITS
 from .entry import cache_error, discard_quietly, no_room
 from .partial import PartialFile, RangeMismatch
 from .protocol import CacheProtocol
@@ -40,7 +40,6 @@ __all__ = ["settle", "submit", "wait"]
 
 logger = logging.getLogger("aioloader")
 
-_pool = SharedPool(2, "aioloader-commit")
 _lock = threading.Lock()
 _pending: dict[str, set[Future[None]]] = {}
 
@@ -49,7 +48,7 @@ def submit(root: Path, job: Callable[[], None]) -> None:
     """Run ``job`` (which must handle its own errors) in a commit thread."""
     key = str(root)
     with _lock:
-        future = _pool.get().submit(job)
+        future = COMMITS.get().submit(job)
         _pending.setdefault(key, set()).add(future)
 
     def done(f: Future[None]) -> None:

@@ -17,10 +17,11 @@ import json
 import logging
 import os
 import secrets
+from concurrent.futures import Executor
 from pathlib import Path
 
-from .._threads import run_blocking
 from ..redact import redact
+from ..threads import run_blocking
 from .entry import EntryFiles, cache_error, key_of, read_meta
 from .links import prune_models
 from .locks import try_acquire
@@ -185,10 +186,13 @@ class Eviction:
         except OSError as exc:
             raise cache_error(exc, self.root, "evicting old entries") from exc
 
-    async def make_room(self, files: EntryFiles, size: int, exclude: set[str]) -> None:
-        """Evict old entries so that the ``size`` bytes of ``files`` fit under the cap."""
-        reserve = max(0, size - await run_blocking(None, files.bytes_on_disk))
-        await run_blocking(None, lambda: self.evict(exclude | {files.dir.name}, reserve))
+    async def make_room(
+        self, files: EntryFiles, size: int, exclude: set[str], lane: Executor
+    ) -> None:
+        """Evict old entries so that the ``size`` bytes of ``files`` fit under the cap
+        (in ``lane``, the caller's ``cache`` lane)."""
+        reserve = max(0, size - await run_blocking(lane, files.bytes_on_disk))
+        await run_blocking(lane, lambda: self.evict(exclude | {files.dir.name}, reserve))
 
     def after_complete(self, url: str) -> None:
         """Evict what a load that completed ``url``'s entry put above the cap (blocking:
@@ -199,6 +203,6 @@ class Eviction:
         """
         self.evict({key_of(url)})
 
-    async def after_fetch(self, exclude: set[str]) -> None:
-        """Evict what a fetch of the entries ``exclude`` put above the cap."""
-        await run_blocking(None, lambda: self.evict(exclude))
+    async def after_fetch(self, exclude: set[str], lane: Executor) -> None:
+        """Evict what a fetch of the entries ``exclude`` put above the cap (in ``lane``)."""
+        await run_blocking(lane, lambda: self.evict(exclude))

@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any
 
-from .._threads import run_blocking
 from ..config import Limits
 from ..errors import CacheError, ConfigError
 from ..layout import resolve_layout
@@ -23,6 +22,7 @@ from ..options import LoadOptions
 from ..sources.auto import scheme_of, source_for
 from ..sources.base import Blob, Source, aclose_all
 from ..tasks import gather
+from ..threads import Lanes, run_blocking
 from .checksum import DigestMismatch, Published, md5_of_etag
 from .claim import Claim, claim
 from .entry import EntryFiles, Version, cache_error, key_of
@@ -75,7 +75,7 @@ class Fetcher:
         self,
         cache: CacheProtocol,
         source: Source,
-        executor: ThreadPoolExecutor,
+        executor: Executor,
         limits: Limits,
         meter: Meter,
         exclude: set[str],
@@ -149,7 +149,7 @@ class Fetcher:
                 break
             # Another process completed it while this one waited: use that copy.
         try:
-            await cache.eviction.make_room(files, version.size, self.exclude)
+            await cache.eviction.make_room(files, version.size, self.exclude, self.executor)
             published = await self._published(url, version)
             partial: PartialFile = await self._blocking(
                 lambda: PartialFile.open(files, url, version, published=published),
@@ -209,7 +209,9 @@ class Fetcher:
 
     async def _touch(self, files: EntryFiles, version: Version) -> bool:
         """Mark a complete entry used now; False when it vanished meanwhile."""
-        use = await acquire(files.use, exclusive=False, stall=self.cache.lock_stall)
+        use = await acquire(
+            files.use, exclusive=False, executor=self.executor, stall=self.cache.lock_stall
+        )
         try:
 
             def touch() -> bool:
@@ -252,8 +254,10 @@ async def fetch_model(
             )
     limits = options.limits
     assert limits is not None
-    source = source_for(urls[0], concurrency=limits.concurrency, http=options.http, s3=options.s3)
-    executor = ThreadPoolExecutor(limits.concurrency, thread_name_prefix="aioloader-cache")
+    # A fetch owns its threads: the daemon fetches without a Loader.
+    lanes = Lanes(limits.concurrency)
+    source = source_for(urls[0], lanes=lanes, http=options.http, s3=options.s3)
+    executor = lanes.cache
     try:
         layout = await resolve_layout(source, url)
         # Every name is checked before a byte is downloaded.
@@ -266,11 +270,13 @@ async def fetch_model(
             model_path = await run_blocking(executor, lambda: links.create(cache.root))
         except OSError as exc:
             raise cache_error(exc, cache.root, f"linking the files of {urls[0]}") from exc
-        await cache.eviction.after_fetch(exclude)
+        await cache.eviction.after_fetch(exclude, executor)
     finally:
-        await source.aclose()
-        # Every call into the pool has returned (run_blocking waits): joins at once.
-        executor.shutdown(wait=True)
+        try:
+            await source.aclose()
+        finally:
+            # Every call into the lanes has returned (run_blocking waits): joins at once.
+            lanes.close()
     downloaded = sum(d for _, d in results.values())
     return CachedModel(
         url=url if isinstance(url, str) else urls[0],

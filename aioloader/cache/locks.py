@@ -34,8 +34,8 @@ import weakref
 from concurrent.futures import Executor
 from pathlib import Path
 
-from .._threads import run_blocking
 from ..errors import CacheError
+from ..threads import run_blocking
 from .paths import open_file
 
 __all__ = [
@@ -176,9 +176,7 @@ def _release(lock: FileLock | None) -> None:
         lock.release()
 
 
-async def try_acquire_async(
-    path: Path, *, exclusive: bool, executor: Executor | None = None
-) -> FileLock | None:
+async def try_acquire_async(path: Path, *, exclusive: bool, executor: Executor) -> FileLock | None:
     """``try_acquire`` in a thread of ``executor``.
 
     A lock the thread took after the caller was cancelled is released, not leaked
@@ -194,11 +192,17 @@ def _touched(fd: int) -> int:
 
 
 async def acquire(
-    path: Path, *, exclusive: bool, stall: float = STALL_SECONDS, what: str = ""
+    path: Path,
+    *,
+    exclusive: bool,
+    executor: Executor,
+    stall: float = STALL_SECONDS,
+    what: str = "",
 ) -> FileLock:
     """Wait for the lock on ``path`` (created if missing), polling without blocking the loop.
 
     Args:
+        executor: the lane (threads.py) that opens the lock file.
         stall: give up once the holder has shown no progress (``FileLock.beat``) for
             this many seconds.
         what: what the lock guards, for the error (a URL).
@@ -207,7 +211,7 @@ async def acquire(
         OSError: the lock file cannot be created.
         CacheError: it is a symbolic link; or its holder stalled (see ``stall``).
     """
-    fd = await run_blocking(None, lambda: _open(path), os.close)
+    fd = await run_blocking(executor, lambda: _open(path), os.close)
     try:
         pause = _FIRST_PAUSE
         seen = _touched(fd)

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Unpack
 
-from .._threads import run_blocking
 from ..errors import ConfigError
 from ..options import LoadKeywords, LoadOptions
 from ..redact import redact
+from ..threads import Lane, run_blocking
 from . import commit
 from .entry import EntryFiles, cache_error
 from .eviction import Eviction, list_entries
@@ -237,7 +237,8 @@ class ModelCache:
         Raises:
             CacheError: a load is reading the entry right now.
         """
-        return await remove_entry(self.entry_files(url), url, self.lock_stall)
+        with Lane("cache", 1) as lane:  # the call's own: removal is used without a Loader
+            return await remove_entry(self.entry_files(url), url, self.lock_stall, lane)
 
     # -- verification ------------------------------------------------------------------
 
@@ -262,13 +263,14 @@ class ModelCache:
             CacheError: the cache folder cannot be read.
         """
         await commit.wait(self.root)
-        if url is None:
-            entries = await run_blocking(None, self.entries)
-            targets = [(e.url, EntryFiles(self.root, Path(e.path))) for e in entries]
-        else:
-            urls = [url] if isinstance(url, str) else list(url)
-            targets = [(redact(u), self.entry_files(u)) for u in urls]
-        return [await verify_entry(files, u, self.lock_stall) for u, files in targets]
+        with Lane("cache", 1) as lane:  # the call's own: the daemon verifies without a Loader
+            if url is None:
+                entries = await run_blocking(lane, self.entries)
+                targets = [(e.url, EntryFiles(self.root, Path(e.path))) for e in entries]
+            else:
+                urls = [url] if isinstance(url, str) else list(url)
+                targets = [(redact(u), self.entry_files(u)) for u in urls]
+            return [await verify_entry(files, u, self.lock_stall, lane) for u, files in targets]
 
     async def wait_committed(self) -> None:
         """Wait for the entries that loads through this cache finished to be committed.

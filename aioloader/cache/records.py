@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import CacheError
+from ..threads import Lane, run_blocking
 from .entry import EntryFiles, read_meta
 from .locks import FileLock, acquire
 
@@ -106,14 +107,16 @@ class CachedModel:
             CacheError: an entry was evicted or removed since the fetch; fetch again.
         """
         held: list[FileLock] = []
+        # Its own lane, for the few checks here: the model is used without a Loader.
+        lane = Lane("cache", 1)
         try:
             for files in self._entries:
-                held.append(await acquire(files.use, exclusive=False))
-                meta = await asyncio.to_thread(read_meta, files)
+                held.append(await acquire(files.use, exclusive=False, executor=lane))
+                meta = await run_blocking(lane, functools.partial(read_meta, files))
                 if (
                     meta is None
                     or not meta.complete
-                    or not await asyncio.to_thread(files.data.exists)
+                    or not await run_blocking(lane, files.data.exists)
                 ):
                     raise CacheError(
                         f"model cache {files.root}: {meta.url if meta else files.dir} was "
@@ -123,3 +126,4 @@ class CachedModel:
         finally:
             for lock in held:
                 lock.release()
+            lane.shutdown(wait=True)

@@ -12,10 +12,11 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import replace
 from typing import TypeVar
 
-from .._threads import finish_before_cancel, run_blocking
+from ..threads import finish_before_cancel, run_blocking
 from .checksum import hash_file
 from .entry import EntryFiles, cache_error, read_meta, regular_size
 from .locks import acquire
@@ -62,14 +63,14 @@ def check_entry(files: EntryFiles, url: str, stop: threading.Event | None = None
     return VerifyResult(url, "ok", f"{url}: {meta.size} bytes match {meta.checksum}")
 
 
-async def run_stoppable(fn: Callable[[threading.Event], T]) -> T:
-    """Run ``fn(stop)`` in a thread; when cancelled, set ``stop`` and wait for it to end.
+async def run_stoppable(lane: Executor, fn: Callable[[threading.Event], T]) -> T:
+    """Run ``fn(stop)`` in ``lane``; when cancelled, set ``stop`` and wait for it to end.
 
     For long reads (hashing a file): the thread notices ``stop`` between blocks, so
     a cancelled caller neither waits for the whole file nor leaves a thread reading.
     """
     stop = threading.Event()
-    future = asyncio.get_running_loop().run_in_executor(None, fn, stop)
+    future = asyncio.get_running_loop().run_in_executor(lane, fn, stop)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
@@ -80,19 +81,20 @@ async def run_stoppable(fn: Callable[[threading.Event], T]) -> T:
         raise
 
 
-async def verify_entry(files: EntryFiles, url: str, stall: float) -> VerifyResult:
+async def verify_entry(files: EntryFiles, url: str, stall: float, lane: Executor) -> VerifyResult:
     """Check one entry and remove it when corrupt; ``url`` is shown in the result: redacted.
+    Its blocking calls (hashing too) run in ``lane``.
 
     Raises:
         CacheError: the entry cannot be read.
     """
-    if not await run_blocking(None, files.exists):
+    if not await run_blocking(lane, files.exists):
         return VerifyResult(url, "missing", f"{url} is not in the cache")
     try:
         # Held while hashing, so that eviction leaves the file alone meanwhile.
-        use = await acquire(files.use, exclusive=False, stall=stall, what=url)
+        use = await acquire(files.use, exclusive=False, executor=lane, stall=stall, what=url)
         try:
-            result = await run_stoppable(lambda stop: check_entry(files, url, stop))
+            result = await run_stoppable(lane, lambda stop: check_entry(files, url, stop))
         finally:
             use.release()
     except OSError as exc:
@@ -101,7 +103,7 @@ async def verify_entry(files: EntryFiles, url: str, stall: float) -> VerifyResul
         return result
     logger.warning("model cache %s: %s; removing it", files.root, result.detail)
     try:
-        removed = await remove_corrupt(files, url, stall)
+        removed = await remove_corrupt(files, url, stall, lane)
     except OSError as exc:
         error = cache_error(exc, files.root, f"removing the corrupt {url}")
         return replace(result, detail=f"{result.detail}; {error}")

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from concurrent.futures import wait as wait_all
 from typing import TYPE_CHECKING
 
-from .._threads import SharedPool
+from ..threads import CACHE_WRITES
 from .partial import PartialFile, range_digest
 from .ranges import RangeSet
 
@@ -27,10 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = ["LaterWrites", "WriteAfter"]
 
-# Writer threads for the writes after a load, shared by the process: O_DIRECT writes
-# of whole reads, so a handful keeps the disk's queue full. A process that exits
-# normally finishes the writes (and the commits waiting for them).
-_writers = SharedPool(8, "aioloader-cache-write")
 
 Queued = tuple[int, list[memoryview], str]  # offset, the caller's bytes, their digest on arrival
 
@@ -58,7 +54,7 @@ class LaterWrites:
     def start(self, partial: PartialFile) -> RangeSet:
         """Write the queued ranges into ``partial`` in writer threads; returns those ranges."""
         queued, self._queued = self._queued, []
-        pool = _writers.get()
+        pool = CACHE_WRITES.get()
         self._writes += [pool.submit(self._write, partial, *job) for job in queued]
         return RangeSet(
             (offset, offset + sum(v.nbytes for v in views)) for offset, views, _ in queued

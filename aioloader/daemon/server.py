@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import ConfigError, LoaderError, StartupError
 from ..redact import RedactingFilter, redacting_logger
+from ..threads import Lane, run_blocking
 from .config import DaemonConfig, config_from_args
 
 __all__ = ["EXIT_STARTUP", "Server", "serve_from_args"]
@@ -135,7 +136,8 @@ class Server:
                 check_url(url, allow)
             except RequestError as exc:
                 raise StartupError(f"preload model {display_url(url)!r}: {exc.detail}") from None
-        await asyncio.to_thread(_check_writable, config.cache_dir)
+        with Lane("startup", 1) as lane:
+            await run_blocking(lane, lambda: _check_writable(config.cache_dir))
         cache = _open_cache(config)
         metrics = Metrics(getattr(cache, "statistics", None))
         registry = Registry()

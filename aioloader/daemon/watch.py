@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..redact import redacting_logger
+from ..threads import Lane, run_blocking
 from .metrics import Metrics
 from .state import ModelRecord, Registry, display_url
 
@@ -41,7 +42,8 @@ class CacheWatch:
     """Marks ready models whose files left the cache as ``evicted``.
 
     Use as ``async with CacheWatch(cache, registry, metrics) as watch:``; the
-    periodic check runs until the block exits.
+    periodic check runs until the block exits. Its checks read the cache folder in
+    its own ``watch`` lane (threads.py), closed with it.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class CacheWatch:
         self._interval = interval
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._lane = Lane("watch", 1)
         self.checks = 0
 
     def __repr__(self) -> str:
@@ -80,10 +83,13 @@ class CacheWatch:
     async def aclose(self) -> None:
         """Stop the periodic check; idempotent."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        try:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            self._lane.shutdown(wait=True)
 
     async def refresh(self) -> None:
         """Check the ready models' files now; one check runs at a time."""
@@ -92,7 +98,7 @@ class CacheWatch:
             urls = sorted({url for record, _ in ready for url in record.files})
             if not urls:
                 return
-            missing = await asyncio.to_thread(self._missing, urls)
+            missing = await run_blocking(self._lane, lambda: self._missing(urls))
             self.checks += 1
             for record, finished in ready:
                 # Skip a record that was downloaded again while the thread looked.

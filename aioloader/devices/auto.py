@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from typing import Any
 
 from ..config import Limits
@@ -13,9 +14,11 @@ __all__ = ["FRAMEWORKS", "device_for"]
 FRAMEWORKS = ("torch", "numpy", "cupy")
 
 
-def device_for(device: Any, limits: Limits, framework: str = "torch") -> Device:
+def device_for(device: Any, limits: Limits, framework: str, setup: Executor) -> Device:
     """A Device for ``"cpu"``, ``"cuda"``, ``"cuda:N"``, a ``torch.device``, a Device,
-    or a CopyEngine (wrapped in a staging ring sized by ``limits``).
+    or a CopyEngine (wrapped in a staging ring sized by ``limits``). Its slow one-off
+    calls (importing torch, starting the engine, pinning the ring) run in ``setup``, a
+    lane of the caller's (threads.py); a Device given as it is keeps its own.
 
     Raises:
         ConfigError: the device or framework is unknown or unavailable here.
@@ -25,7 +28,7 @@ def device_for(device: Any, limits: Limits, framework: str = "torch") -> Device:
     if isinstance(device, Device):
         return device
     if isinstance(device, CopyEngine):
-        return StagedDevice(device, limits)
+        return StagedDevice(device, limits, setup)
     if framework not in FRAMEWORKS:
         raise ConfigError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
     text = str(device).lower()
@@ -34,7 +37,7 @@ def device_for(device: Any, limits: Limits, framework: str = "torch") -> Device:
             raise ConfigError("framework='cupy' puts arrays on a GPU: use device='cuda'")
         from .cpu import CpuDevice
 
-        return CpuDevice(framework)
+        return CpuDevice(framework, setup)
     if text == "cuda" or text.startswith("cuda:"):
         if framework == "numpy":
             raise ConfigError("framework='numpy' gives host arrays: use device='cpu'")
@@ -42,10 +45,10 @@ def device_for(device: Any, limits: Limits, framework: str = "torch") -> Device:
             from .cupy import CupyEngine
 
             index = int(text.partition(":")[2] or 0)
-            return StagedDevice(CupyEngine(index), limits)
+            return StagedDevice(CupyEngine(index), limits, setup)
         from .cuda import TorchCudaEngine
 
-        return StagedDevice(TorchCudaEngine(device), limits)
+        return StagedDevice(TorchCudaEngine(device), limits, setup)
     raise ConfigError(
         f"device {device!r} is not supported; use 'cpu', 'cuda' or 'cuda:N' (or a torch.device)"
     )

@@ -10,9 +10,9 @@ when the last is dropped.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import sys
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ import numpy as np
 from ..dtypes import DTYPE_SIZES, numpy_dtype, torch_dtype
 from ..plan import ALIGNMENT, Read, Span
 from ..safetensors import TensorInfo
+from ..threads import run_in
 from .base import Device, SpanAllocation
 
 __all__ = ["CpuDevice", "HostSpan"]
@@ -69,22 +70,33 @@ class HostSpan(SpanAllocation):
         return self._tensors[info.name]
 
 
+def empty_host(info: TensorInfo, framework: str) -> Any:
+    """An empty tensor (``"torch"``) or array (``"numpy"``) in host memory for ``info``."""
+    if framework == "numpy":
+        return np.empty(info.shape, dtype=numpy_dtype(info.dtype, tensor=info.name))
+    import torch
+
+    return torch.empty(info.shape, dtype=torch_dtype(info.dtype, tensor=info.name))
+
+
 class CpuDevice(Device):
     """Tensors in host memory, filled in place with no intermediate copy.
 
     Args:
         framework: ``"torch"`` for torch tensors, ``"numpy"`` for NumPy arrays.
+        setup: the lane (threads.py) that the first import of torch runs in.
     """
 
     name = "cpu"
 
-    def __init__(self, framework: str = "torch") -> None:
+    def __init__(self, framework: str, setup: Executor) -> None:
         self._framework = framework
+        self._setup = setup
 
     async def prepare(self) -> None:
         if self._framework == "torch" and "torch" not in sys.modules:
             # The first import of torch takes seconds: not on the event loop.
-            await asyncio.to_thread(importlib.import_module, "torch")
+            await run_in(self._setup, importlib.import_module, "torch")
 
     def __repr__(self) -> str:
         return f"<CpuDevice framework={self._framework}>"
@@ -93,11 +105,7 @@ class CpuDevice(Device):
         return HostSpan(span, self._framework)
 
     def empty(self, info: TensorInfo) -> Any:
-        if self._framework == "numpy":
-            return np.empty(info.shape, dtype=numpy_dtype(info.dtype, tensor=info.name))
-        import torch
-
-        return torch.empty(info.shape, dtype=torch_dtype(info.dtype, tensor=info.name))
+        return empty_host(info, self._framework)
 
     async def staging(self, read: Read, allocation: SpanAllocation) -> memoryview:
         assert isinstance(allocation, HostSpan)

@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from typing import Any
 
 import numpy as np
 
-from .._threads import finish_before_cancel
 from ..config import Limits
 from ..dtypes import DTYPE_SIZES
 from ..errors import FormatError
 from ..plan import ALIGNMENT, Read, Span
 from ..safetensors import TensorInfo
+from ..threads import Lane, finish_before_cancel, run_in
 from .base import Device, SpanAllocation
 
 __all__ = ["CopyEngine", "HostCopyEngine", "RingStatistics", "StagedDevice"]
@@ -127,12 +127,14 @@ class StagedDevice(Device):
             reader (``concurrency``), within ``memory_limit``: one being read, one
             queued for the copy engine. Page-locking is slow (slower than the reads
             it serves), so the ring is no larger than keeping both busy needs.
+        setup: the lane (threads.py) where the engine starts and the ring is pinned.
     """
 
     copies = True
 
-    def __init__(self, engine: CopyEngine, limits: Limits) -> None:
+    def __init__(self, engine: CopyEngine, limits: Limits, setup: Executor) -> None:
         self._engine = engine
+        self._setup = setup
         self._slot_size = max(ALIGNMENT, limits.read_size - limits.read_size % ALIGNMENT)
         per_reader = RING_SLOTS_PER_READER * limits.concurrency
         self._slots = max(2, min(limits.staging_bytes // self._slot_size, per_reader))
@@ -166,14 +168,14 @@ class StagedDevice(Device):
         async with self._lock:
             if not self._started:
                 # Creating a CUDA context takes a while: not on the event loop.
-                await asyncio.to_thread(self._engine.start)
+                await run_in(self._setup, self._engine.start)
                 self._started = True
 
     async def _pin_ring(self) -> None:
         async with self._lock:
             if self._ring is None:
                 # Page-locking hundreds of MiB takes a while: not on the event loop.
-                owner, view = await asyncio.to_thread(self._engine.pinned, self.ring_bytes)
+                owner, view = await run_in(self._setup, self._engine.pinned, self.ring_bytes)
                 self._views = [
                     view[i * self._slot_size : (i + 1) * self._slot_size]
                     for i in range(self._slots)
@@ -241,8 +243,8 @@ class StagedDevice(Device):
 class HostCopyEngine(CopyEngine):
     """Copies into host memory through the same ring: the GPU path, testable anywhere.
 
-    Its "stream" is one thread running copies in submission order, so copies
-    overlap reads exactly as on a GPU.
+    Its "stream" is one thread (the ``copy`` lane, threads.py) running copies in
+    submission order, so copies overlap reads exactly as on a GPU.
 
     Args:
         framework: ``"torch"`` tensors or ``"numpy"`` arrays out.
@@ -252,7 +254,7 @@ class HostCopyEngine(CopyEngine):
 
     def __init__(self, framework: str = "torch") -> None:
         self._framework = framework
-        self._stream = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aioloader-copy")
+        self._stream = Lane("copy", 1)
 
     def start(self) -> None:
         if self._framework == "torch":
@@ -271,9 +273,9 @@ class HostCopyEngine(CopyEngine):
         return host.array, {t.name: host.tensor(t) for t in span.tensors}
 
     def empty(self, info: TensorInfo) -> Any:
-        from .cpu import CpuDevice
+        from .cpu import empty_host
 
-        return CpuDevice(self._framework).empty(info)
+        return empty_host(info, self._framework)
 
     def submit(self, source: Any, offset: int, target: Any, target_offset: int, nbytes: int) -> Any:
         def copy() -> None:

@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 
 from ..config import HttpOptions, S3Options
 from ..errors import ConfigError
+from ..threads import Lanes
 from .base import Source
 
 __all__ = ["scheme_of", "source_for", "store_of"]
@@ -48,9 +49,14 @@ def store_of(url: str) -> str:
 
 
 def source_for(
-    url: str, *, concurrency: int, http: HttpOptions | None = None, s3: S3Options | None = None
+    url: str,
+    *,
+    lanes: Lanes,
+    http: HttpOptions | None = None,
+    s3: S3Options | None = None,
 ) -> Source:
-    """A new Source able to read ``url``.
+    """A new Source able to read ``url``, with the threads of ``lanes`` (owned by the
+    caller, closed after the source); ``lanes.concurrency`` bounds its requests.
 
     Raises:
         ConfigError: no backend reads this kind of URL.
@@ -59,23 +65,23 @@ def source_for(
     if _is_azure(url):
         from .azure.source import AzureSource
 
-        return AzureSource(concurrency, http)
+        return AzureSource(lanes, http)
     if scheme == "file":
         from .file import FileSource
 
-        return FileSource(threads=concurrency)
+        return FileSource(lanes)
     if scheme in ("http", "https"):
         from .http.source import HttpSource
 
-        return HttpSource(concurrency, http)
+        return HttpSource(lanes, http)
     if scheme == "s3":
         from .s3.source import S3Source
 
-        return S3Source(concurrency, http, s3)
+        return S3Source(lanes, http, s3)
     if scheme == "gs":
         from .gcs.source import GcsSource
 
-        return GcsSource(concurrency, http)
+        return GcsSource(lanes, http)
     raise ConfigError(
         f"{url}: URL scheme {scheme!r} is not supported; aioloader reads local paths, "
         "file://, http://, https://, s3://, gs:// and az:// URLs"

@@ -1,13 +1,13 @@
-"""Local files: ``preadv`` from thread pools straight into destination memory.
+"""Local files: ``preadv`` from the owner's lanes (threads.py) straight into destination memory.
 
 Each read goes one of two ways, chosen from what ``mincore`` says of its bytes:
 
 * mostly in the page cache ("warm": at least ``WARM_SHARE`` of its pages): a
   memory copy, bound by the CPU, and the kernel reads the few missing pages. It
-  runs in a pool of as many threads as the process may use CPUs: more threads
-  only contend for the cores and for the address-space lock their faults take;
+  runs in the ``warm`` lane, of as many threads as the process may use CPUs: more
+  threads only contend for the cores and for the address-space lock their faults take;
 * mostly not ("cold"): it waits for the disk, which serves many requests at
-  once. It runs in a pool of ``threads`` (normally ``concurrency``) so the disk
+  once. It runs in the ``cold`` lane, of ``concurrency`` threads, so the disk
   sees a deep queue, with ``O_DIRECT`` where the file system allows it.
 
 The pipeline's ``concurrency`` bounds how many reads are in flight either way.
@@ -15,7 +15,6 @@ The pipeline's ``concurrency`` bounds how many reads are in flight either way.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import errno
@@ -23,14 +22,11 @@ import mmap
 import os
 import stat
 import sys
-import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
-from .._threads import run_blocking
 from ..errors import (
     AccessDeniedError,
     ClosedError,
@@ -40,6 +36,7 @@ from ..errors import (
     SourceError,
 )
 from ..plan import ALIGNMENT
+from ..threads import Lanes, run_blocking
 from .base import Blob, Source
 
 __all__ = ["FileBlob", "FileSource", "to_path"]
@@ -90,7 +87,7 @@ class FileBlob(Blob):
         self,
         url: str,
         opened: _Opened,
-        pools: _Pools,
+        lanes: Lanes,
     ) -> None:
         fd, direct, cache, stamp = opened
         self.url = url
@@ -100,7 +97,7 @@ class FileBlob(Blob):
         self._fd: int | None = fd
         self._direct_fd = direct
         self._cache = cache
-        self._pools = pools
+        self._lanes = lanes
 
     def __repr__(self) -> str:
         return (
@@ -116,7 +113,7 @@ class FileBlob(Blob):
     async def read_bytes(self, offset: int, length: int) -> bytes:
         fd = self._require_fd()
         try:
-            return await run_blocking(self._pools.warm, lambda: os.pread(fd, length, offset))
+            return await run_blocking(self._lanes.warm, lambda: os.pread(fd, length, offset))
         except OSError as exc:
             raise _translate(exc, self.url, "reading") from exc
 
@@ -147,9 +144,9 @@ class FileBlob(Blob):
 
         end = offset + total
         try:
-            if not await run_blocking(self._pools.warm, warm):
-                await self._pools.cold_started()
-                await run_blocking(self._pools.cold, cold)
+            if not await run_blocking(self._lanes.warm, warm):
+                await self._lanes.cold.started()
+                await run_blocking(self._lanes.cold, cold)
         except EOFError as exc:
             raise ReadError(
                 f"{self.url} ended at byte {exc.args[0]} while reading [{offset}, {end}); the "
@@ -172,7 +169,7 @@ class FileBlob(Blob):
         fd = self._require_fd()
         path, stamp = self._path, self._stamp
         try:
-            found = await run_blocking(self._pools.warm, lambda: _changes(fd, path, stamp))
+            found = await run_blocking(self._lanes.warm, lambda: _changes(fd, path, stamp))
         except OSError as exc:
             raise _translate(exc, self.url, "checking") from exc
         if found:
@@ -406,119 +403,51 @@ def _list(path: str) -> list[str] | None:
     return sorted(os.listdir(path))
 
 
-class _Pools:
-    """The warm (page cache) and cold (disk) reader pools of a FileSource.
-
-    Their threads are started ahead of the reads that need them, by a short-lived
-    helper thread: a pool would otherwise start a thread on demand inside
-    ``submit``, on the event loop, and each start waits until the new thread has
-    run (on a busy machine that stalled the loop for tens of milliseconds). The
-    threads of a pool meet at a barrier so that none is reused before the last has
-    started. The warm pool starts with the source; the cold pool only when a read
-    first finds its bytes missing from the page cache, so a warm load never starts
-    ``concurrency`` threads it does not use (they cost a first load in a new
-    process about 100 ms on a 2-CPU machine, whose fresh thread stacks fault in
-    slowly).
-    """
-
-    def __init__(self, warm_threads: int, cold_threads: int) -> None:
-        self.warm = ThreadPoolExecutor(warm_threads, thread_name_prefix="aioloader-warm")
-        self.cold = ThreadPoolExecutor(cold_threads, thread_name_prefix="aioloader-read")
-        self._warm_threads = warm_threads
-        self._cold_threads = cold_threads
-        self._starters: list[threading.Thread] = []
-        self._cold_ready: Future[None] | None = None
-
-    def start_warm(self) -> None:
-        self._start(self.warm, self._warm_threads, Future())
-
-    async def cold_started(self) -> None:
-        """Return once the cold pool's threads run; the first call starts them."""
-        if self._cold_ready is None:
-            self._cold_ready = Future()
-            self._start(self.cold, self._cold_threads, self._cold_ready)
-        if not self._cold_ready.done():
-            # Shielded: one cancelled read must not cancel the start others wait for.
-            await asyncio.shield(asyncio.wrap_future(self._cold_ready))
-
-    def _start(self, executor: ThreadPoolExecutor, count: int, ready: Future[None]) -> None:
-        def fill() -> None:
-            barrier = threading.Barrier(count, timeout=30)
-
-            def rendezvous() -> None:
-                with contextlib.suppress(threading.BrokenBarrierError):
-                    barrier.wait()
-
-            try:
-                for _ in range(count):
-                    executor.submit(rendezvous)
-            except RuntimeError:  # shut down meanwhile
-                barrier.abort()
-            # Either way the pool is ready: it has its threads, or it refuses work itself.
-            ready.set_result(None)
-
-        starter = threading.Thread(target=fill, name="aioloader-start", daemon=True)
-        self._starters.append(starter)
-        starter.start()
-
-    def shutdown(self) -> None:
-        """Join the helpers, then both pools. Every read has returned by now
-        (``run_blocking`` waits for its thread), so the joins are immediate."""
-        for starter in self._starters:
-            starter.join()
-        self.warm.shutdown(wait=True)
-        self.cold.shutdown(wait=True)
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, which a container may narrow)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
 class FileSource(Source):
     """Files on a local (or mounted) filesystem.
 
     Args:
-        threads: the size of the cold reader pool, normally ``concurrency``; the
-            warm pool has ``min(threads, usable CPUs)`` (see the module docstring).
+        lanes: the owner's threads: reads go to its ``warm`` and ``cold`` lanes (see
+            the module docstring); the owner closes them after this source.
+
+    The warm lane's threads are started ahead of the first read (``Lane.start``);
+    the cold lane's only when a read first finds its bytes missing from the page
+    cache, so a warm load never starts ``concurrency`` threads it does not use (they
+    cost a first load in a new process about 100 ms on a 2-CPU machine, whose fresh
+    thread stacks fault in slowly).
     """
 
-    def __init__(self, threads: int) -> None:
-        self._pools: _Pools | None = _Pools(min(threads, usable_cpus()), threads)
-        self._threads = threads
+    def __init__(self, lanes: Lanes) -> None:
+        self._lanes = lanes
         self._started = False
+        self._closed = False
 
     def __repr__(self) -> str:
-        return (
-            f"<FileSource threads={self._threads} warm={min(self._threads, usable_cpus())} "
-            f"open={self._pools is not None}>"
-        )
+        return f"<FileSource {self._lanes!r} open={not self._closed}>"
 
-    def _require_pools(self) -> _Pools:
-        if self._pools is None:
+    def _require_lanes(self) -> Lanes:
+        if self._closed:
             raise ClosedError("this FileSource is closed")
         if not self._started:
             self._started = True
-            self._pools.start_warm()
-        return self._pools
+            self._lanes.warm.start()
+        return self._lanes
 
     async def list_dir(self, url: str) -> list[str] | None:
         path = to_path(url)
         try:
-            return await run_blocking(self._require_pools().warm, lambda: _list(path))
+            return await run_blocking(self._require_lanes().warm, lambda: _list(path))
         except OSError as exc:
             raise _translate(exc, url, "listing") from exc
 
     async def open(self, url: str) -> Blob:
         path = to_path(url)
-        pools = self._require_pools()
+        lanes = self._require_lanes()
         try:
-            opened = await run_blocking(pools.warm, lambda: _open(path, url), _close_all)
+            opened = await run_blocking(lanes.warm, lambda: _open(path, url), _close_all)
         except OSError as exc:
             raise _translate(exc, url, "opening") from exc
-        return FileBlob(url, opened, pools)
+        return FileBlob(url, opened, lanes)
 
     def join(self, base: str, name: str) -> str:
         if base.startswith("file://"):
@@ -531,6 +460,4 @@ class FileSource(Source):
         return str(Path(url).parent)
 
     async def aclose(self) -> None:
-        pools, self._pools = self._pools, None
-        if pools is not None:
-            pools.shutdown()
+        self._closed = True

@@ -25,10 +25,12 @@ import os
 import ssl
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import Executor
 from typing import Any
 
 from ...errors import ConfigError
 from ...redact import redact
+from ...threads import run_in
 from ..http.signer import reason_of
 from .settings import AzureSettings
 from .url import Location
@@ -46,7 +48,8 @@ class AzureSigner:
     follow_redirects = False
     encoded_urls = True
 
-    def __init__(self) -> None:
+    def __init__(self, lane: Executor) -> None:
+        self._lane = lane  # credential calls block: they run here
         self._lock = asyncio.Lock()
         self._credential: Any = None
         self._token: Any = None
@@ -83,7 +86,7 @@ class AzureSigner:
                     f"(from {settings.key_from})"
                 )
             elif _identity_wanted():
-                self._credential = await asyncio.to_thread(_default_credential)
+                self._credential = await run_in(self._lane, _default_credential)
                 self._mode, self.described = "token", "with DefaultAzureCredential (azure-identity)"
             else:
                 self._mode = "anonymous"
@@ -100,7 +103,7 @@ class AzureSigner:
         slot = (where.account, where.container)
         token, expires = self._sas.get(slot, ("", 0.0))
         if time.time() > expires - _RENEW_BEFORE:
-            token = await asyncio.to_thread(_container_sas, where, self._settings.key)
+            token = await run_in(self._lane, _container_sas, where, self._settings.key)
             expires = time.time() + _SAS_LIFETIME.total_seconds()
             self._sas[slot] = (token, expires)
         return token
@@ -115,8 +118,8 @@ class AzureSigner:
         if self._mode == "token":  # redirects are not followed: url is the store's own
             now = time.time()
             if self._token is None or self._token.expires_on - now < _RENEW_BEFORE:
-                self._token = await asyncio.to_thread(
-                    self._credential.get_token, "https://storage.azure.com/.default"
+                self._token = await run_in(
+                    self._lane, self._credential.get_token, "https://storage.azure.com/.default"
                 )
             headers["Authorization"] = f"Bearer {self._token.token}"
         return headers

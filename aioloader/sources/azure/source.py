@@ -16,6 +16,7 @@ from urllib.parse import quote, urlencode, urlparse
 from ...config import HttpOptions
 from ...errors import NotFoundError, SourceError
 from ...redact import redact
+from ...threads import Lanes
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
 from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing
@@ -30,17 +31,15 @@ class AzureSource(Source):
     """Blobs in Azure Blob Storage or Azurite (see the module docstring).
 
     Args:
-        concurrency: the most requests in flight.
+        lanes: the owner's threads; ``lanes.concurrency`` requests in flight at most.
         http: retries and timeouts.
     """
 
     scheme_name = "Azure Blob Storage"
 
-    def __init__(self, concurrency: int, http: HttpOptions | None = None) -> None:
-        self._signer = AzureSigner()
-        self._store = HttpStore(
-            type(self).__name__, concurrency, http or HttpOptions(), self._signer
-        )
+    def __init__(self, lanes: Lanes, http: HttpOptions | None = None) -> None:
+        self._signer = AzureSigner(lanes.setup)
+        self._store = HttpStore(type(self).__name__, lanes, http or HttpOptions(), self._signer)
 
     def __repr__(self) -> str:
         return f"<AzureSource {self._signer.described}>"

@@ -14,10 +14,12 @@ import asyncio
 import json
 import os
 import ssl
+from concurrent.futures import Executor
 from typing import Any
 
 from ...errors import ConfigError
 from ...redact import redact
+from ...threads import run_in
 from ..http.rules import same_origin
 from ..http.signer import reason_of
 from .url import ENDPOINT
@@ -33,7 +35,8 @@ class GcsSigner:
     follow_redirects = True
     encoded_urls = True
 
-    def __init__(self) -> None:
+    def __init__(self, lane: Executor) -> None:
+        self._lane = lane  # google-auth blocks: it runs here
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         if emulator and "://" not in emulator:
             emulator = "http://" + emulator
@@ -49,7 +52,7 @@ class GcsSigner:
         async with self._lock:
             if not self._ready:
                 if not self.emulator:
-                    self._credentials, self._described = await asyncio.to_thread(_find)
+                    self._credentials, self._described = await run_in(self._lane, _find)
                 self._ready = True
 
     async def ssl_context(self) -> ssl.SSLContext | None:
@@ -64,7 +67,7 @@ class GcsSigner:
         if not credentials.valid:
             async with self._lock:
                 if not credentials.valid:
-                    await asyncio.to_thread(_refresh, credentials)
+                    await run_in(self._lane, _refresh, credentials)
         return {**headers, "Authorization": f"Bearer {credentials.token}"}
 
     async def error_detail(self, response: Any) -> str:

@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 from ...config import HttpOptions
 from ...errors import SourceError
 from ...redact import redact
+from ...threads import Lanes
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
 from ..http.listing import listed, prefix_to_list
@@ -33,17 +34,15 @@ class GcsSource(Source):
     """Objects in Google Cloud Storage (see the module docstring).
 
     Args:
-        concurrency: the most requests in flight.
+        lanes: the owner's threads; ``lanes.concurrency`` requests in flight at most.
         http: retries and timeouts.
     """
 
     scheme_name = "GCS"
 
-    def __init__(self, concurrency: int, http: HttpOptions | None = None) -> None:
-        self._signer = GcsSigner()
-        self._store = HttpStore(
-            type(self).__name__, concurrency, http or HttpOptions(), self._signer
-        )
+    def __init__(self, lanes: Lanes, http: HttpOptions | None = None) -> None:
+        self._signer = GcsSigner(lanes.setup)
+        self._store = HttpStore(type(self).__name__, lanes, http or HttpOptions(), self._signer)
 
     def __repr__(self) -> str:
         return f"<GcsSource endpoint={self._signer.endpoint}>"

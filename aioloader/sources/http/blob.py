@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
-from ..._threads import run_blocking
 from ...errors import ClosedError
 from ...prefault import populate
+from ...threads import run_blocking
 from ..base import Blob, clip
 from .filler import Filler
 from .retry import Retrier, RetryableError, keep_pace
@@ -42,6 +43,7 @@ class HttpBlob(Blob):
         last_modified: its ``Last-Modified``, if the server gave one.
         head: its first bytes, read when it was opened.
         ranged: the server honours ``Range``.
+        fault_lane: the threads that fault in fresh tensor memory (prefault.py).
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class HttpBlob(Blob):
         last_modified: str | None,
         head: bytes,
         ranged: bool,
+        fault_lane: Executor,
     ) -> None:
         self.url = url
         self.fetch_url = fetch_url
@@ -65,6 +68,7 @@ class HttpBlob(Blob):
         self._retrier = retrier
         self._head = head
         self._ranged = ranged
+        self._fault_lane = fault_lane
         self._closed = False
         # Sequential mode (server ignores Range): one open response and its position.
         self._stream_lock = asyncio.Lock()
@@ -102,7 +106,9 @@ class HttpBlob(Blob):
 
         # Fresh tensor memory is faulted in by a thread while the request travels,
         # not page by page inside the loop's recv (see prefault.py).
-        populating = asyncio.ensure_future(run_blocking(None, lambda: populate(buffers)))
+        populating = asyncio.ensure_future(
+            run_blocking(self._fault_lane, lambda: populate(buffers))
+        )
         try:
             if self._ranged:
                 await self._retrier.run(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from urllib.parse import urljoin
 
 from ...config import HttpOptions
+from ...threads import Lanes
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
 from .signer import HeaderSigner
@@ -24,17 +25,15 @@ class HttpSource(Source):
     """Files served over HTTP(S).
 
     Args:
-        concurrency: the most requests in flight.
+        lanes: the owner's threads; ``lanes.concurrency`` requests in flight at most.
         options: retries, timeouts and extra headers.
     """
 
     scheme_name = "HTTP"
 
-    def __init__(self, concurrency: int, options: HttpOptions | None = None) -> None:
+    def __init__(self, lanes: Lanes, options: HttpOptions | None = None) -> None:
         options = options or HttpOptions()
-        self._store = HttpStore(
-            type(self).__name__, concurrency, options, HeaderSigner(options.headers)
-        )
+        self._store = HttpStore(type(self).__name__, lanes, options, HeaderSigner(options.headers))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._store!r}>"

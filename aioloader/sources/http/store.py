@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from ...config import HttpOptions
 from ...errors import NotFoundError
+from ...threads import Lanes
 from ...throttle import LimiterStatistics
 from .blob import HttpBlob
 from .retry import Retrier, RetryableError
@@ -31,14 +32,16 @@ class HttpStore:
 
     Args:
         owner: the name of the source, for messages.
-        concurrency: the most requests in flight.
+        lanes: the owner's threads (blobs fault in their buffers in ``compute``);
+            ``lanes.concurrency`` requests in flight at most.
         options: retries, timeouts and the URL policy.
         signer: authorises the requests (plain headers, AWS SigV4, ...).
     """
 
-    def __init__(self, owner: str, concurrency: int, options: HttpOptions, signer: Signer) -> None:
+    def __init__(self, owner: str, lanes: Lanes, options: HttpOptions, signer: Signer) -> None:
         self.transport = HttpTransport(owner, options, signer)
-        self.retrier = Retrier(concurrency, options)
+        self.retrier = Retrier(lanes.concurrency, options)
+        self.lanes = lanes
         self._warned: set[str] = set()
 
     def __repr__(self) -> str:
@@ -63,8 +66,9 @@ class HttpStore:
             response = await transport.get(url, fetch_url, headers)
             async with response:
                 if response.status == 416:
+                    lane = self.lanes.compute
                     return HttpBlob(
-                        transport, self.retrier, url, fetch_url, 0, None, None, b"", True
+                        transport, self.retrier, url, fetch_url, 0, None, None, b"", True, lane
                     )
                 await transport.check_status(url, response, None)
                 check_encoding(url, response.headers)
@@ -88,7 +92,10 @@ class HttpStore:
                 "sequential stream (no parallel reads); serve it from a server that supports "
                 "Range for full speed",
             )
-        return HttpBlob(transport, self.retrier, url, final, size, etag, modified, head, ranged)
+        lane = self.lanes.compute
+        return HttpBlob(
+            transport, self.retrier, url, final, size, etag, modified, head, ranged, lane
+        )
 
     async def read_body(self, url: str, fetch_url: str, not_found: Callable[[str], str]) -> bytes:
         """GET ``fetch_url`` whole (a listing page, an object's metadata), retried.

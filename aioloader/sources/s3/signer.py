@@ -15,11 +15,13 @@ import os
 import ssl
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import Executor
 from typing import Any
 from urllib.parse import urlparse
 
 from ...config import S3Options
 from ...errors import ConfigError
+from ...threads import run_in
 from ..http.signer import reason_of
 
 __all__ = ["S3_NAMESPACE", "S3Signer", "xml_text"]
@@ -67,7 +69,8 @@ class S3Signer:
     follow_redirects = False  # a redirect would carry a signature made for another host
     encoded_urls = True  # keys are percent-encoded exactly as signed
 
-    def __init__(self, options: S3Options) -> None:
+    def __init__(self, options: S3Options, lane: Executor) -> None:
+        self._lane = lane  # botocore blocks: it runs here
         self._options = options
         self._ready = False
         self._ready_lock = asyncio.Lock()
@@ -90,7 +93,7 @@ class S3Signer:
             return
         async with self._ready_lock:
             if not self._ready:
-                await asyncio.to_thread(self._resolve)
+                await run_in(self._lane, self._resolve)
                 self._ready = True
 
     def _resolve(self) -> None:
@@ -147,8 +150,8 @@ class S3Signer:
         if self._botocore_credentials is None:
             return None
         if time.monotonic() - self._frozen_at > _CREDENTIAL_TTL:
-            self._frozen = await asyncio.to_thread(
-                self._botocore_credentials.get_frozen_credentials
+            self._frozen = await run_in(
+                self._lane, self._botocore_credentials.get_frozen_credentials
             )
             self._frozen_at = time.monotonic()
         return self._frozen

@@ -13,6 +13,7 @@ from urllib.parse import quote, urlencode
 
 from ...config import HttpOptions, S3Options
 from ...errors import NotFoundError
+from ...threads import Lanes
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
 from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing
@@ -29,7 +30,7 @@ class S3Source(Source):
     """Objects in S3 or an S3-compatible store (MinIO, Ceph RGW, ...).
 
     Args:
-        concurrency: the most requests in flight.
+        lanes: the owner's threads; ``lanes.concurrency`` requests in flight at most.
         http: retries, timeouts (and headers, unused for S3).
         options: endpoint, region, addressing style, anonymous access, profile.
     """
@@ -37,12 +38,10 @@ class S3Source(Source):
     scheme_name = "S3"
 
     def __init__(
-        self, concurrency: int, http: HttpOptions | None = None, options: S3Options | None = None
+        self, lanes: Lanes, http: HttpOptions | None = None, options: S3Options | None = None
     ) -> None:
-        self._signer = S3Signer(options or S3Options())
-        self._store = HttpStore(
-            type(self).__name__, concurrency, http or HttpOptions(), self._signer
-        )
+        self._signer = S3Signer(options or S3Options(), lanes.setup)
+        self._store = HttpStore(type(self).__name__, lanes, http or HttpOptions(), self._signer)
 
     def __repr__(self) -> str:
         signer = self._signer
