@@ -39,7 +39,7 @@ logger = logging.getLogger("aioloader")
 
 Progress = Callable[[int, int], None]
 
-REMOTE_SCHEMES = frozenset({"http", "https", "s3", "gs", "az"})
+REMOTE_SCHEMES = frozenset({"http", "https", "s3", "gs", "az", "hf"})
 
 
 def version_of(blob: Blob) -> Version:

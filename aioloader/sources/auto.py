@@ -39,7 +39,7 @@ def store_of(url: str) -> str:
     endpoint and name: a SAS or token for one account must never reach another host),
     else every URL of a scheme, whose sources send nothing to a host but what was
     configured for it (HTTP headers only to the URL's own origin; S3 and GCS only to
-    their one endpoint).
+    their one endpoint; the Hugging Face token only to the Hub's endpoint).
     """
     if _is_azure(url):
         from .azure.url import azure_store
@@ -82,7 +82,11 @@ def source_for(
         from .gcs.source import GcsSource
 
         return GcsSource(lanes, http)
+    if scheme == "hf":
+        from .hf.source import HfSource
+
+        return HfSource(lanes, http)
     raise ConfigError(
         f"{url}: URL scheme {scheme!r} is not supported; aioloader reads local paths, "
-        "file://, http://, https://, s3://, gs:// and az:// URLs"
+        "file://, http://, https://, s3://, gs://, az:// and hf:// URLs"
     )
