@@ -8,7 +8,15 @@ where they are first used.
 
 from __future__ import annotations
 
-from .api import Loader, ModelInfo, StreamStatistics, TensorStream, inspect_model, load_model
+from .api import (
+    Loader,
+    ModelInfo,
+    StreamStatistics,
+    TensorStream,
+    inspect_model,
+    load_model,
+    load_model_sync,
+)
 from .cache import CachedModel, ModelCache
 from .config import HttpOptions, Limits, S3Options
 from .errors import (
@@ -17,6 +25,7 @@ from .errors import (
     ClosedError,
     ConfigError,
     DistributedError,
+    EventLoopError,
     FormatError,
     HeaderError,
     LoaderError,
@@ -41,6 +50,7 @@ __all__ = [
     "ClosedError",
     "ConfigError",
     "DistributedError",
+    "EventLoopError",
     "FileHeader",
     "FormatError",
     "HeaderError",
@@ -65,5 +75,6 @@ __all__ = [
     "__version__",
     "inspect_model",
     "load_model",
+    "load_model_sync",
     "split_rows",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import warnings
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ from .cache.fetch import REMOTE_SCHEMES
 from .config import Limits
 from .devices.auto import device_for
 from .devices.base import Device
-from .errors import ClosedError, ConfigError
+from .errors import ClosedError, ConfigError, EventLoopError
 from .layout import ModelLayout
 from .options import LoadKeywords, LoadOptions
 from .pipeline import Load, Progress, Selection, open_model
@@ -37,6 +38,7 @@ __all__ = [
     "TensorStream",
     "inspect_model",
     "load_model",
+    "load_model_sync",
 ]
 
 URL = str | Sequence[str]
@@ -356,6 +358,39 @@ async def load_model(
     """
     async with Loader(options, **keywords) as loader:
         return await loader.load(url, tensors=tensors, rows=rows)
+
+
+def load_model_sync(
+    url: URL,
+    *,
+    tensors: Selection = None,
+    rows: Rows = None,
+    options: LoadOptions | None = None,
+    **keywords: Unpack[LoadKeywords],
+) -> dict[str, Any]:
+    """``load_model`` for code that is not async: runs the load on an event loop of its own.
+
+    Safe from plain scripts and from any thread without a running loop, several at
+    once (each call has its own loop and Loader). Ctrl-C cancels the load, closes what
+    it opened and raises KeyboardInterrupt.
+
+    Raises:
+        EventLoopError: called on the thread of a running event loop, which it would
+            block; ``await load_model(...)`` there, or call this from another thread.
+        LoaderError: as ``load_model``.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise EventLoopError(
+            "load_model_sync() was called on the thread of a running event loop, which it "
+            "would block; use `await aioloader.load_model(...)` there, or call "
+            "load_model_sync from another thread (e.g. `await asyncio.to_thread(...)`)"
+        )
+    built = LoadOptions.build(options, **keywords)  # bad options fail before a loop starts
+    return asyncio.run(load_model(url, tensors=tensors, rows=rows, options=built))
 
 
 async def inspect_model(url: URL) -> ModelInfo:

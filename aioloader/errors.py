@@ -18,6 +18,7 @@ do about it. The tree is shallow on purpose::
     ├── CacheError                        the local model cache cannot be written or used
     ├── DistributedError                  another rank failed, or the ranks disagree
     ├── StartupError                      the preload daemon cannot start
+    ├── EventLoopError (RuntimeError)     a blocking call on a running event loop's thread
     └── ClosedError (RuntimeError)        the Loader was used after aclose()
 
 ``asyncio.CancelledError`` is never wrapped: cancelling a load cancels it.
@@ -37,6 +38,7 @@ __all__ = [
     "ClosedError",
     "ConfigError",
     "DistributedError",
+    "EventLoopError",
     "FormatError",
     "HeaderError",
     "LoaderError",
@@ -141,6 +143,11 @@ class DistributedError(LoaderError):
 
 class StartupError(LoaderError):
     """The daemon cannot start; the message says why and what to do."""
+
+
+class EventLoopError(LoaderError, RuntimeError):
+    """A blocking call (``load_model_sync``) was made on the thread of a running event
+    loop, which it would block; ``await`` the async form there instead."""
 
 
 class ClosedError(LoaderError, RuntimeError):
