@@ -29,6 +29,7 @@ from .errors import FormatError, HeaderError, NotFoundError, ReadError, Selectio
 from .layout import ModelLayout, resolve_layout
 from .plan import Read, Span, plan_reads
 from .ranks import Ranks
+from .redact import redacting_logger
 from .report import LoadReport
 from .rows import Rows, narrow, rows_of
 from .safetensors import (
@@ -45,7 +46,7 @@ from .threads import Lanes, run_blocking
 
 __all__ = ["OpenModel", "Progress", "Selection", "Load", "load_headers", "open_model"]
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 
 Selection = Collection[str] | Callable[[str], bool] | None
 Emit = Callable[[str, Any], None]

@@ -17,7 +17,6 @@ A strategy serves one load: ``Loader`` makes a new one for each (``ranks_for``).
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -25,12 +24,13 @@ from .devices.base import Device, SpanAllocation
 from .distributed import Exchange, announce_failure, run_exchange
 from .errors import ConfigError
 from .plan import Read, Span
+from .redact import redacting_logger
 from .safetensors import FileHeader
 from .sources.base import Blob
 
 __all__ = ["Group", "Ranks", "Solo", "ranks_for"]
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 
 Worker = Coroutine[Any, Any, None]
 

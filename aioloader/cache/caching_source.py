@@ -23,11 +23,11 @@ after its caller was cancelled.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from ..errors import CacheError, ClosedError
+from ..redact import redacting_logger
 from ..sources.base import Blob, Source, aclose_all
 from ..sources.file import FileSource
 from ..threads import Lane, Lanes, run_blocking
@@ -43,7 +43,7 @@ from .write_through import WriteThrough
 
 __all__ = ["CachingSource"]
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 
 T = TypeVar("T")
 

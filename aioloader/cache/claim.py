@@ -19,9 +19,9 @@ entry; ``load_model([u, u])`` waits for itself. So:
 from __future__ import annotations
 
 import enum
-import logging
 from concurrent.futures import Executor
 
+from ..redact import redacting_logger
 from ..threads import run_blocking
 from .entry import EntryFiles, Version
 from .locks import (
@@ -34,7 +34,7 @@ from .locks import (
     try_acquire_async,
 )
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 
 __all__ = ["BUSY", "Claim", "claim"]
 

@@ -23,13 +23,13 @@ for its pending commits (Python joins them before it shuts down).
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
 from ..errors import CacheError
+from ..redact import redacting_logger
 from ..threads import COMMITS
 from .entry import cache_error, discard_quietly, no_room
 from .partial import PartialFile, RangeMismatch
@@ -38,7 +38,7 @@ from .write_after import LaterWrites
 
 __all__ = ["settle", "submit", "wait"]
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 
 _lock = threading.Lock()
 _pending: dict[str, set[Future[None]]] = {}

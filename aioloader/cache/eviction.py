@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import secrets
 from concurrent.futures import Executor
 from pathlib import Path
 
-from ..redact import redact
+from ..redact import redact, redacting_logger
 from ..threads import run_blocking
 from .entry import EntryFiles, cache_error, key_of, read_meta
 from .links import prune_models
@@ -30,7 +29,7 @@ from .records import CacheEntry
 
 __all__ = ["Eviction", "evict", "list_entries", "read_cap", "write_cap"]
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 
 CAP_FILE = "cache.json"
 

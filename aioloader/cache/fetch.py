@@ -10,7 +10,6 @@ DELETE, SIGTERM) leaves no lock held and no descriptor open.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
@@ -19,6 +18,7 @@ from ..config import Limits
 from ..errors import CacheError, ConfigError
 from ..layout import resolve_layout
 from ..options import LoadOptions
+from ..redact import redacting_logger
 from ..sources.auto import scheme_of, source_for
 from ..sources.base import Blob, Source, aclose_all
 from ..tasks import gather
@@ -35,7 +35,7 @@ from .records import CachedModel
 
 __all__ = ["REMOTE_SCHEMES", "Progress", "fetch_model", "version_of"]
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 
 Progress = Callable[[int, int], None]
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import os
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from typing import Unpack
 
 from ..errors import ConfigError
 from ..options import LoadKeywords, LoadOptions
-from ..redact import redact
+from ..redact import redact, redacting_logger
 from ..threads import Lane, run_blocking
 from . import commit
 from .entry import EntryFiles, cache_error
@@ -45,7 +44,7 @@ from .verify import verify_entry
 
 __all__ = ["ModelCache"]
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 
 
 @dataclass

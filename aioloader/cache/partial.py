@@ -28,7 +28,6 @@ import bisect
 import contextlib
 import ctypes
 import errno
-import logging
 import os
 import secrets
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 
 import xxhash
 
+from ..redact import redacting_logger
 from ..sources.base import clip
 from .checksum import DigestMismatch, PrefixHash, Published
 from .entry import (
@@ -58,7 +58,7 @@ from .ranges import RangeSet
 
 __all__ = ["PartialFile", "RangeMismatch", "range_digest"]
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 
 _CHECK_BLOCK = 8 << 20  # bytes read at once when a resumed range is checked
 _ALIGNMENT = 4096  # what O_DIRECT asks of offsets, lengths and addresses on every disk we know

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import replace
 from typing import TypeVar
 
+from ..redact import redacting_logger
 from ..threads import finish_before_cancel, run_blocking
 from .checksum import hash_file
 from .entry import EntryFiles, cache_error, read_meta, regular_size
@@ -25,7 +25,7 @@ from .removal import remove_corrupt
 
 __all__ = ["check_entry", "run_stoppable", "verify_entry"]
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 
 T = TypeVar("T")
 

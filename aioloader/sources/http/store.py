@@ -8,12 +8,12 @@ read as one sequential stream, with a warning.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from urllib.parse import urlparse
 
 from ...config import HttpOptions
 from ...errors import NotFoundError
+from ...redact import redacting_logger
 from ...threads import Lanes
 from ...throttle import LimiterStatistics
 from .blob import HttpBlob
@@ -24,7 +24,7 @@ from .transport import HttpTransport, retryable, transport_errors
 
 __all__ = ["HttpStore"]
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 
 
 class HttpStore:
