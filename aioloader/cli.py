@@ -13,8 +13,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from . import __version__
 from .api import Loader, ModelInfo
 from .config import MiB, format_size
+from .dtypes import import_torch
 from .errors import LoaderError
 from .options import KEYWORDS
 
@@ -201,6 +203,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="aioloader", description="Stream safetensors weights into memory."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
+    parser.add_argument("--version", action="version", version=f"aioloader {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     load = sub.add_parser("load", help="load a model and report how long it took")
@@ -262,11 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.command
     ]
     try:
-        if args.command == "load":
+        if args.command == "load" and (args.option_framework or "torch") == "torch":
             # A load would import torch in a worker thread; for a command that only loads,
             # doing it first keeps the report about the load (it takes seconds). Inside
             # the try: Ctrl-C during those seconds is an interruption, not a traceback.
-            import torch  # noqa: F401
+            import_torch()
         return _run(handler(args))
     except LoaderError as exc:
         print(f"aioloader: error: {exc}", file=sys.stderr)

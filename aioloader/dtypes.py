@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .errors import FormatError
+from .errors import ConfigError, FormatError
 
-__all__ = ["DTYPES", "DTYPE_SIZES", "Dtype", "numpy_dtype", "torch_dtype"]
+__all__ = ["DTYPES", "DTYPE_SIZES", "Dtype", "import_torch", "numpy_dtype", "torch_dtype"]
 
 
 class Dtype(NamedTuple):
@@ -47,6 +47,25 @@ DTYPE_SIZES: dict[str, int] = {name: d.size for name, d in DTYPES.items()}
 _TORCH_DTYPES: dict[str, Any] = {}
 
 
+def import_torch() -> Any:
+    """The torch module, imported on first use: torch is an extra, not a dependency.
+
+    Raises:
+        ConfigError: torch is not installed (the daemon, the node cache and
+            ``framework="numpy"`` loads run without it).
+    """
+    try:
+        import torch
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        raise ConfigError(
+            'framework="torch" needs torch, which is not installed: pip install '
+            '"aioloader[torch]" (or torch itself), or load with framework="numpy"'
+        ) from None
+    return torch
+
+
 def torch_dtype(dtype: str, *, tensor: str = "") -> Any:
     """The torch dtype for a safetensors dtype string.
 
@@ -56,7 +75,7 @@ def torch_dtype(dtype: str, *, tensor: str = "") -> Any:
     found = _TORCH_DTYPES.get(dtype)
     if found is not None:
         return found
-    import torch
+    torch = import_torch()
 
     entry = DTYPES.get(dtype)
     found = getattr(torch, entry.torch, None) if entry is not None else None

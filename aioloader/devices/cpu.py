@@ -10,14 +10,13 @@ when the last is dropped.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
 
-from ..dtypes import DTYPE_SIZES, numpy_dtype, torch_dtype
+from ..dtypes import DTYPE_SIZES, import_torch, numpy_dtype, torch_dtype
 from ..plan import ALIGNMENT, Read, Span
 from ..safetensors import TensorInfo
 from ..threads import run_in
@@ -96,7 +95,7 @@ class CpuDevice(Device):
     async def prepare(self) -> None:
         if self._framework == "torch" and "torch" not in sys.modules:
             # The first import of torch takes seconds: not on the event loop.
-            await run_in(self._setup, importlib.import_module, "torch")
+            await run_in(self._setup, import_torch)
 
     def __repr__(self) -> str:
         return f"<CpuDevice framework={self._framework}>"
