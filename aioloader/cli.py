@@ -141,6 +141,17 @@ def describe(info: ModelInfo) -> dict[str, Any]:
         "url": info.url,
         "index": info.layout.index,
         "files": files,
+        "tensors": [
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "bytes": t.nbytes,
+                "file": header.url,
+            }
+            for header in info.headers
+            for t in header.tensors
+        ],
         "tensor_count": len(tensors),
         "dtypes": dict(sorted(Counter(t.dtype for t in tensors).items())),
         "total_mib": round(total / MiB, 2),
@@ -149,6 +160,20 @@ def describe(info: ModelInfo) -> dict[str, Any]:
         "metadata": info.metadata,
         "warnings": warnings,
     }
+
+
+def _print_tensors(tensors: list[dict[str, Any]]) -> None:
+    """One line per tensor: name, dtype, shape and size, in columns."""
+    if not tensors:
+        return
+    rows = [(t["name"], t["dtype"], "[" + ", ".join(map(str, t["shape"])) + "]") for t in tensors]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    print()
+    for (name, dtype, shape), tensor in zip(rows, tensors, strict=True):
+        print(
+            f"{name:<{widths[0]}}  {dtype:<{widths[1]}}  {shape:<{widths[2]}}  "
+            f"{format_size(tensor['bytes'])}"
+        )
 
 
 async def _inspect(args: argparse.Namespace) -> int:
@@ -171,22 +196,32 @@ async def _inspect(args: argparse.Namespace) -> int:
         )
     if data["metadata"]:
         print("  metadata: " + json.dumps(data["metadata"]))
+    _print_tensors(data["tensors"])
     for warning in data["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 
+def _cache_folder(args: argparse.Namespace) -> str | None:
+    """The cache folder ``cache verify`` checks; None after saying why there is none."""
+    root: str | None = args.cache_dir or os.environ.get("AIOLOADER_CACHE_DIR")
+    if not root:
+        problem = "give the cache folder with --cache-dir or AIOLOADER_CACHE_DIR"
+    elif not os.path.isdir(root):
+        problem = (
+            f"the cache folder {root} does not exist (or is not a folder); "
+            "check --cache-dir / AIOLOADER_CACHE_DIR"
+        )
+    else:
+        return root
+    print(f"aioloader: error: {problem}", file=sys.stderr)
+    return None
+
+
 async def _cache_verify(args: argparse.Namespace) -> int:
     from .cache import ModelCache
 
-    root = args.cache_dir or os.environ.get("AIOLOADER_CACHE_DIR")
-    if not root:
-        print(
-            "aioloader: error: give the cache folder with --cache-dir or AIOLOADER_CACHE_DIR",
-            file=sys.stderr,
-        )
-        return 2
-    results = await ModelCache(root).verify(args.url or None)
+    results = await ModelCache(args.cache_dir).verify(args.url or None)
     for result in results:
         if result.status == "ok":
             print(f"ok {result.url}")
@@ -202,11 +237,17 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aioloader", description="Stream safetensors weights into memory."
     )
+    # -v works before and after the subcommand: the subcommands' copy keeps the main
+    # parser's value unless given (SUPPRESS leaves the namespace alone).
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at DEBUG"
+    )
     parser.add_argument("--version", action="version", version=f"aioloader {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    load = sub.add_parser("load", help="load a model and report how long it took")
+    load = sub.add_parser("load", parents=[common], help="load a model and report how long it took")
     load.add_argument("url", help="file, folder of shards, or *.safetensors.index.json")
     _add_load_options(load)
     load.add_argument(
@@ -214,14 +255,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     load.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    inspect = sub.add_parser("inspect", help="show tensors, dtypes and sizes from the headers")
+    inspect = sub.add_parser(
+        "inspect", parents=[common], help="show tensors, dtypes and sizes from the headers"
+    )
     inspect.add_argument("url")
     inspect.add_argument("--json", action="store_true", help="print as JSON")
 
-    cache = sub.add_parser("cache", help="look after a node-local model cache")
+    cache = sub.add_parser("cache", parents=[common], help="look after a node-local model cache")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
     verify = cache_sub.add_parser(
         "verify",
+        parents=[common],
         help="hash cached files again; remove and report those whose bytes changed",
         description="Exits 1 when a file is corrupt (it is removed) or a URL is not cached.",
     )
@@ -232,6 +276,7 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser(
         "serve",
+        parents=[common],
         help="run the preload daemon: keep models in a node-local cache, with an HTTP API",
         description="Each option also reads the environment variable shown in brackets.",
     )
@@ -261,9 +306,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else quiet,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("aioloader").debug("command %s, Python %s", args.command, sys.version)
     handler = {"load": _load, "inspect": _inspect, "serve": _serve, "cache": _cache_verify}[
         args.command
     ]
+    if args.command == "cache":
+        args.cache_dir = _cache_folder(args)
+        if args.cache_dir is None:
+            return 2
     try:
         if args.command == "load" and (args.option_framework or "torch") == "torch":
             # A load would import torch in a worker thread; for a command that only loads,
@@ -277,6 +327,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("aioloader: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _pipe_closed()
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout went away (``aioloader inspect ... | head``): end quietly.
+
+    The standard way for a Python command line: point stdout at /dev/null so the flush
+    at exit does not fail again, and exit as a process killed by SIGPIPE would (141).
+    SIGPIPE itself stays ignored: a load's sockets must not kill the process.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13
 
 
 if __name__ == "__main__":

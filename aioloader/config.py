@@ -10,7 +10,15 @@ from dataclasses import dataclass, field, replace
 from .container_memory import MemoryLimit, detect_memory_limit
 from .errors import ConfigError
 
-__all__ = ["HttpOptions", "Limits", "S3Options", "check_number", "parse_size", "staging_budget"]
+__all__ = [
+    "HttpOptions",
+    "Limits",
+    "S3Options",
+    "check_number",
+    "parse_size",
+    "size_text",
+    "staging_budget",
+]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -111,6 +119,15 @@ def format_size(n: float) -> str:
     return f"{int(n)} B"
 
 
+def size_text(n: int) -> str:
+    """``n`` bytes rounded down to a whole unit, as a size string ``parse_size`` reads
+    back and a user can type: ``11GiB``, ``512MiB``, ``300B``."""
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= scale:
+            return f"{n // scale}{unit}"
+    return f"{max(0, n)}B"
+
+
 def staging_budget(memory_limit: int | str | None, ceiling: MemoryLimit) -> int:
     """The staging budget in bytes, within the memory ``ceiling`` of this process.
 
@@ -135,8 +152,9 @@ def staging_budget(memory_limit: int | str | None, ceiling: MemoryLimit) -> int:
         raise ConfigError(
             f"memory_limit {format_size(budget)} is not below what this process may use "
             f"({format_size(allowed)}, from {ceiling.source}); the container "
-            f"would be OOM-killed. Use at most half of it, e.g. "
-            f"memory_limit={allowed // 2}, or leave it unset for a safe default."
+            f"would be OOM-killed. Use at most half of it, e.g. {size_text(allowed // 2)} "
+            f"(--memory-limit {size_text(allowed // 2)}, or AIOLOADER_MEMORY_LIMIT), or leave "
+            "it unset for a safe default."
         )
     return budget
 

@@ -30,7 +30,7 @@ from .layout import ModelLayout, resolve_layout
 from .plan import Read, Span, plan_reads
 from .ranks import Ranks
 from .redact import redacting_logger
-from .report import LoadReport
+from .report import LoadReport, cache_outcome
 from .rows import Rows, narrow, rows_of
 from .safetensors import (
     PREFIX_SIZE,
@@ -415,6 +415,7 @@ class Load:
             peak_staging_bytes=self.share.peak,
             settings=self.limits.as_dict(),
             own_bytes=self.ranks.own_bytes,
+            cache=cache_outcome(self.blobs),
         )
         logger.info("%s", report.summary())
         if report.copy_seconds and report.total_seconds > 1.0 and report.overlap < 0.5:

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from .config import format_size
 from .redact import redact
 
-__all__ = ["LoadReport"]
+__all__ = ["LoadReport", "cache_outcome"]
+
+
+def cache_outcome(blobs: Iterable[object]) -> str | None:
+    """What the node cache did for a load's files: ``"hit"`` (every file from the cache),
+    ``"miss"`` (none), ``"partial"`` (some), or None when no file went through a cache.
+
+    A blob opened through the cache says which it was in its ``cache_outcome``
+    attribute (a hit reads the cached copy, a miss fills it); others have none.
+    """
+    outcomes = [getattr(blob, "cache_outcome", None) for blob in blobs]
+    if not any(outcomes):
+        return None
+    if all(o == "hit" for o in outcomes):
+        return "hit"
+    return "partial" if "hit" in outcomes else "miss"
 
 
 @dataclass(frozen=True)
@@ -29,6 +45,9 @@ class LoadReport:
         settings: concurrency, chunk_size and memory_limit as used.
         own_bytes: with ``group=``, the bytes this rank read from the source itself
             (the rest came from the other ranks); None otherwise.
+        cache: what the node cache did: ``"hit"`` (every file read from it),
+            ``"miss"`` (every file downloaded), ``"partial"`` (some of each); None
+            without a cache (see ``cache_outcome``).
     """
 
     url: str
@@ -43,6 +62,7 @@ class LoadReport:
     peak_staging_bytes: int
     settings: dict[str, int] = field(default_factory=dict)
     own_bytes: int | None = None
+    cache: str | None = None
 
     def __post_init__(self) -> None:
         # A report is logged and printed: a presigned URL's signature must not be.
@@ -84,6 +104,7 @@ class LoadReport:
         """One line, starting ``Loading weights took``, for logs and terminals."""
         s = self.settings
         own = f", read {format_size(self.own_bytes)} itself" if self.own_bytes is not None else ""
+        cache = f" (node cache: {self.cache})" if self.cache is not None else ""
         return (
             f"Loading weights took {self.total_seconds:.2f} s: {format_size(self.bytes)} in "
             f"{self.tensors} tensors from {self.files} file{'s' if self.files != 1 else ''} "
@@ -94,7 +115,7 @@ class LoadReport:
             f"memory_limit={format_size(s.get('memory_limit', 0))}, "
             f"peak staging {format_size(self.peak_staging_bytes)}, bottleneck {self.bottleneck}"
             f"{f', overlap {self.overlap:.0%}' if self.copy_seconds else ''}"
-            f"{own}) from {self.url}"
+            f"{own}) from {self.url}{cache}"
         )
 
     def as_dict(self) -> dict[str, object]:

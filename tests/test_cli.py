@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from .helpers import random_tensors, write_file
+from .helpers import random_tensors, write_file, write_sharded
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -70,3 +72,89 @@ def test_memory_limit_refused(tmp_path: Path) -> None:
     path = write_file(tmp_path / "m.safetensors", random_tensors(count=2))
     out = _run("load", str(path), "--memory-limit", "1000TiB")
     assert out.returncode == 1 and "OOM" in out.stderr
+
+
+def test_inspect_lists_every_tensor(tmp_path: Path) -> None:
+    tensors = {
+        "model.embed.weight": torch.zeros(16, 8, dtype=torch.bfloat16),
+        "model.norm.bias": torch.zeros(8, dtype=torch.float32),
+        "scalar": torch.zeros((), dtype=torch.int64),
+    }
+    path = write_file(tmp_path / "m.safetensors", tensors)
+    out = _run("inspect", str(path))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    embed = next(line for line in lines if line.startswith("model.embed.weight"))
+    assert embed.split() == ["model.embed.weight", "BF16", "[16,", "8]", "256", "B"]
+    assert any(line.split()[:3] == ["scalar", "I64", "[]"] for line in lines)
+    data = json.loads(_run("inspect", str(path), "--json").stdout)
+    by_name = {t["name"]: t for t in data["tensors"]}
+    assert by_name["model.embed.weight"] == {
+        "name": "model.embed.weight", "dtype": "BF16", "shape": [16, 8], "bytes": 256,
+        "file": str(path),
+    }  # fmt: skip
+    assert by_name["scalar"]["shape"] == [] and by_name["model.norm.bias"]["bytes"] == 32
+
+
+def test_verbose_before_and_after_the_subcommand(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "m.safetensors", random_tensors(count=2))
+    for args in (
+        ("-v", "inspect", str(path)),
+        ("inspect", str(path), "-v"),
+        ("inspect", "-v", str(path)),
+    ):
+        out = _run(*args)
+        assert out.returncode == 0, out.stderr
+        assert "DEBUG" in out.stderr, args
+    quiet = _run("inspect", str(path))
+    assert "DEBUG" not in quiet.stderr
+
+
+def test_cache_verify_on_a_missing_folder(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-cache"
+    out = _run("cache", "verify", "--cache-dir", str(missing))
+    assert out.returncode == 2
+    assert str(missing) in out.stderr and "does not exist" in out.stderr
+    assert "checked" not in out.stderr and not missing.exists()
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    out = _run("cache", "verify", "--cache-dir", str(file))
+    assert out.returncode == 2 and str(file) in out.stderr
+
+
+def test_inspect_into_a_closed_pipe_ends_cleanly(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "m.safetensors", {f"t{i}": torch.zeros(2) for i in range(5000)})
+    # The shell pipeline a user types: head reads one line and leaves.
+    shell = f"{sys.executable} -m aioloader inspect {path} | head -1; echo rc=${{PIPESTATUS[0]}}"
+    out = subprocess.run(
+        ["bash", "-c", shell], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.stdout.splitlines()[0].startswith(str(path))
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+    assert out.stdout.splitlines()[-1] == "rc=141"
+
+
+def test_load_report_says_cache_miss_hit_partial(tmp_path: Path, http_server: Any) -> None:
+    www = http_server.root
+    write_sharded(www / "model", random_tensors(count=6), shards=2)
+    cache = tmp_path / "cache"
+    first = http_server.url_for("model/model-00001-of-00002.safetensors")
+    loaded = _run("load", first, "--cache-dir", str(cache), "--json")
+    assert loaded.returncode == 0, loaded.stderr
+    assert json.loads(loaded.stdout)["cache"] == "miss"
+    index = http_server.url_for("model/model.safetensors.index.json")
+    partial = _run("load", index, "--cache-dir", str(cache))
+    assert partial.returncode == 0, partial.stderr
+    assert "(node cache: partial)" in partial.stdout
+    hit = _run("load", index, "--cache-dir", str(cache), "--json")
+    assert json.loads(hit.stdout)["cache"] == "hit"
+    uncached = _run("load", index, "--json")
+    assert json.loads(uncached.stdout)["cache"] is None
+
+
+def test_memory_limit_suggests_a_size_flag(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "m.safetensors", random_tensors(count=2))
+    out = _run("load", str(path), "--memory-limit", "1000TiB")
+    assert out.returncode == 1
+    assert re.search(r"--memory-limit \d+(GiB|MiB)\b", out.stderr), out.stderr
+    assert "memory_limit=" not in out.stderr

@@ -51,6 +51,8 @@ T = TypeVar("T")
 class _LocalBlob(Blob):
     """A complete entry's data, read under the remote URL while holding its ``use`` lock."""
 
+    cache_outcome = "hit"  # for the load's report (report.py)
+
     def __init__(
         self,
         source: CachingSource,
