@@ -11,6 +11,17 @@ and compared part by part, never as strings:
   ``https://h/models/x``, not ``https://h/models-evil/x``;
 - the query string and fragment play no part.
 
+``hf://`` URLs are compared as what they name on the Hub (sources/hf/url.py):
+owner, repository name (both case-insensitive, as the Hub looks them up),
+revision and path segments. ``hf://org/`` allows every repository of ``org``;
+``hf://org/name`` any revision of that repository (``hf://org/na`` is another
+repository, never a prefix of ``hf://org/name``); ``hf://org/name@v1`` only the
+revision ``v1``, as written. A load reads a branch's or tag's files at the commit
+it resolved to, so ``for_fetch`` lets one fetch read its own repository at a
+commit sha where the revision it asked for is allowed. The Hub's storage host,
+which its ``resolve`` URLs redirect to, is a redirect target like any other: it
+must be inside a prefix too (``https://cdn-lfs.hf.co/``, say).
+
 Refused outright, whatever the prefixes: user info (``https://allowed@other/``),
 ``.`` and ``..`` segments, written or encoded (``%2e%2e``), encoded slashes and
 backslashes (``..%2f``), a percent sign still encoding something after decoding
@@ -25,14 +36,23 @@ index names and each redirect target before sending a request there.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from ..errors import AccessDeniedError, ConfigError
 from ..redact import redact
+from ..sources.hf.url import HfLocation, is_commit, parse_hf_url
 
-__all__ = ["AllowList", "Location", "UnsafeUrlError", "UrlNotAllowedError", "parse_location"]
+__all__ = [
+    "AllowList",
+    "HfPrefix",
+    "Location",
+    "UnsafeUrlError",
+    "UrlNotAllowedError",
+    "parse_hf_prefix",
+    "parse_location",
+]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _ENCODED_SEPARATOR = re.compile(r"%(2f|5c)", re.IGNORECASE)
@@ -95,6 +115,53 @@ def parse_location(url: str) -> Location:
     return Location(scheme, host, port, _segments(parts.path))
 
 
+@dataclass(frozen=True)
+class HfPrefix:
+    """An allowed part of the Hub: an owner, a repository, a revision, a folder.
+
+    ``name`` and ``revision`` are None where the prefix leaves them open; the
+    owner and name are lower-cased.
+    """
+
+    owner: str
+    name: str | None = None
+    revision: str | None = None
+    segments: tuple[str, ...] = ()
+
+    def allows(self, location: HfLocation) -> bool:
+        """Whether ``location`` is this prefix or below it, part by part."""
+        owner, _, name = location.repo_id.lower().partition("/")
+        segments = tuple(location.path.split("/")) if location.path else ()
+        return (
+            owner == self.owner
+            and self.name in (None, name)
+            and self.revision in (None, location.revision)
+            and segments[: len(self.segments)] == self.segments
+        )
+
+
+def parse_hf_prefix(prefix: str) -> HfPrefix:
+    """``hf://org/``, ``hf://org/name``, ``hf://org/name@revision[/folder]``.
+
+    Raises:
+        ConfigError: not a well-formed hf:// URL (sources/hf/url.py's rules).
+    """
+    rest = prefix[len("hf://") :].rstrip("/")
+    if rest and "/" not in rest:
+        # An owner alone: checked by the rules of a repository URL of that owner.
+        owner = parse_hf_url(f"hf://{rest}/{rest}").repo_id.partition("/")[0]
+        return HfPrefix(owner.lower())
+    location = parse_hf_url(prefix)
+    owner, _, name = location.repo_id.lower().partition("/")
+    pinned = "@" in rest.split("/")[1]  # else parse_hf_url filled in "main"
+    segments = tuple(location.path.split("/")) if location.path else ()
+    return HfPrefix(owner, name, location.revision if pinned else None, segments)
+
+
+def _is_hf(url: str) -> bool:
+    return url[:5].lower() == "hf://"
+
+
 def _segments(path: str) -> tuple[str, ...]:
     if _ENCODED_SEPARATOR.search(path):
         raise UnsafeUrlError("its path holds an encoded '/' or '\\' (%2F, %5C)")
@@ -120,10 +187,19 @@ class AllowList:
 
     def __init__(self, prefixes: Iterable[str] = ()) -> None:
         self.prefixes = tuple(prefixes)
-        self._locations = tuple(self._parse_prefix(p) for p in self.prefixes)
+        parsed = [self._parse_prefix(p) for p in self.prefixes]
+        self._locations = tuple(p for p in parsed if isinstance(p, Location))
+        self._hub = tuple(p for p in parsed if isinstance(p, HfPrefix))
 
     @staticmethod
-    def _parse_prefix(prefix: str) -> Location:
+    def _parse_prefix(prefix: str) -> Location | HfPrefix:
+        if not isinstance(prefix, str):
+            raise ConfigError(f"an allowed prefix must be a str, not {type(prefix).__name__}")
+        if _is_hf(prefix):
+            try:
+                return parse_hf_prefix(prefix)
+            except ConfigError as exc:
+                raise ConfigError(f"allowed prefix {prefix!r} is refused: {exc}") from None
         try:
             location = parse_location(prefix)
         except UnsafeUrlError as exc:
@@ -144,8 +220,16 @@ class AllowList:
 
     def refusal(self, url: str) -> str | None:
         """Why ``url`` may not be fetched, or None when it may."""
-        if not self._locations:
+        if not self.prefixes:
             return None
+        if _is_hf(url):
+            try:
+                hub = parse_hf_url(url)
+            except ConfigError as exc:
+                return f"it is not a well-formed hf:// URL ({exc})"
+            if any(prefix.allows(hub) for prefix in self._hub):
+                return None
+            return "it is outside the allowed prefixes"
         try:
             location = parse_location(url)
         except UnsafeUrlError as exc:
@@ -169,3 +253,31 @@ class AllowList:
             )
 
     __call__ = check
+
+    def for_fetch(self, asked: str) -> Callable[[str], None]:
+        """The policy of one fetch of ``asked``, a URL this list allows.
+
+        It is this list, and for an hf:// model it also lets the fetch read its own
+        repository at a commit sha wherever the revision it asked for is allowed:
+        the source reads a branch's or tag's files at the commit it resolved to.
+        """
+        if not self.prefixes or not _is_hf(asked):
+            return self.check
+        origin = parse_hf_url(asked)
+
+        def check(url: str) -> None:
+            if _is_hf(url) and self.refusal(url) is not None:
+                try:
+                    location = parse_hf_url(url)
+                except ConfigError:
+                    location = None
+                if (
+                    location is not None
+                    and location.repo_id.lower() == origin.repo_id.lower()
+                    and is_commit(location.revision)
+                    and self.refusal(location.at(revision=origin.revision).url()) is None
+                ):
+                    return
+            self.check(url)
+
+        return check

@@ -31,9 +31,10 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from ..errors import CacheError, ClosedError, LoaderError
+from ..errors import CacheError, ClosedError, ConfigError, LoaderError
 from ..redact import redacting_logger
 from ..sources.auto import scheme_of
+from ..sources.hf.url import parse_hf_url
 from .allow import AllowList
 from .downloads import Downloads
 from .metrics import CONTENT_TYPE, Metrics
@@ -47,7 +48,7 @@ __all__ = ["DaemonState", "RequestError", "check_url", "make_app"]
 
 logger = redacting_logger(__name__)
 
-_SCHEMES = ("http", "https", "s3", "gs", "az")
+_SCHEMES = ("http", "https", "s3", "gs", "az", "hf")
 _FIELDS = {"url", "id"}
 _MAX_URL = 4096
 MAX_BODY = 64 * 1024
@@ -103,8 +104,8 @@ def check_url(url: object, allow: AllowList | None = None) -> str:
             400,
             "unsupported_scheme",
             f"URL scheme {scheme!r} is not supported: the daemon caches remote models "
-            "(http://, https://, s3://, gs://, az://); local paths and file:// URLs are already "
-            "on the node",
+            "(http://, https://, s3://, gs://, az://, hf://); local paths and file:// URLs "
+            "are already on the node",
         )
     try:
         netloc = urlsplit(url).netloc
@@ -112,6 +113,11 @@ def check_url(url: object, allow: AllowList | None = None) -> str:
         raise RequestError(400, "bad_url", f"{display_url(url)}: {exc}") from None
     if not netloc:
         raise RequestError(400, "bad_url", f"{display_url(url)}: the URL names no host or bucket")
+    if scheme == "hf":
+        try:
+            parse_hf_url(url)
+        except ConfigError as exc:
+            raise RequestError(400, "bad_url", str(exc)) from None
     reason = allow.refusal(url) if allow is not None else None
     if reason is not None:
         raise RequestError(

@@ -12,15 +12,17 @@ its task, waiting or not) or the daemon stops. Its task stays in place between
 tries, so there is one task per model at most; posting its URL again starts the
 next try at once. A model posted through the API fails once: its client decides.
 
-Every fetch runs with the daemon's ``HttpOptions``, whose ``url_policy`` (the
-allow-list) is called on each URL the source is about to request: the model's,
-each shard's and each redirect target's. A refused URL fails the model with
+Every fetch runs with the daemon's ``HttpOptions`` and, given an allow-list, its
+policy for that fetch (``AllowList.for_fetch``) as ``url_policy``, called on each
+URL the source is about to request: the model's, each shard's and each redirect
+target's. A refused URL fails the model with
 ``UrlNotAllowedError``, the URL named with its secrets redacted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import HttpOptions
 from ..errors import ClosedError
 from ..redact import redacting_logger
+from .allow import AllowList
 from .metrics import Metrics
 from .retry import Backoff
 from .state import ModelRecord, Registry, display_url
@@ -57,7 +60,8 @@ class Downloads:
         metrics: counters to update.
         concurrency: reads in flight per download (None: the cache's default).
         max_downloads: models downloading at once; the others wait as ``queued``.
-        http: options of every fetch (the allow-list as ``url_policy``).
+        http: options of every fetch.
+        allow: the URLs a fetch may request (None or empty: any).
         after_fetch: awaited after each fetch that reached the cache, before its
             model is marked ready (the fetch may have evicted other models' files).
         backoff: delays between the tries of a failed preload (None: no retries).
@@ -74,6 +78,7 @@ class Downloads:
         concurrency: int | None = None,
         max_downloads: int = 2,
         http: HttpOptions | None = None,
+        allow: AllowList | None = None,
         after_fetch: Callable[[], Awaitable[None]] | None = None,
         backoff: Backoff | None = None,
     ) -> None:
@@ -81,7 +86,8 @@ class Downloads:
         self._registry = registry
         self._metrics = metrics
         self._concurrency = concurrency
-        self._http = http
+        self._http = http or HttpOptions()
+        self._allow = allow
         self._after_fetch = after_fetch
         self._backoff = backoff
         self._wake: dict[str, asyncio.Event] = {}  # preloads waiting for their next try
@@ -219,7 +225,10 @@ class Downloads:
 
         outcome = "error"
         try:
-            kwargs: dict[str, Any] = {"progress": progress, "http": self._http}
+            http = self._http
+            if self._allow:
+                http = dataclasses.replace(http, url_policy=self._allow.for_fetch(record.url))
+            kwargs: dict[str, Any] = {"progress": progress, "http": http}
             if self._concurrency is not None:
                 kwargs["concurrency"] = self._concurrency
             logger.info("fetching %s (%s)", display_url(record.url), record.id)

@@ -121,7 +121,6 @@ class Server:
     async def _serve(self) -> int:
         from aiohttp import web
 
-        from ..config import HttpOptions
         from .allow import AllowList
         from .app import DaemonState, RequestError, check_url, make_app
         from .downloads import Downloads
@@ -149,7 +148,7 @@ class Server:
                 metrics,
                 concurrency=config.concurrency,
                 max_downloads=config.max_downloads,
-                http=HttpOptions(url_policy=allow if allow else None),
+                allow=allow,
                 after_fetch=watch.refresh,
                 backoff=config.backoff,
             ) as downloads,
