@@ -10,14 +10,16 @@ aiohttp, so that the configured headers only ever reach the URL's own origin and
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
 from multidict import CIMultiDict
 
 from ...config import HttpOptions
-from ...errors import ClosedError
+from ...errors import ClosedError, SourceError
 from .client import Answer, RangeClient, WireError
 from .retry import RetryableError
 from .rules import (
@@ -32,9 +34,24 @@ from .rules import (
 )
 from .signer import Signer
 
-__all__ = ["HttpTransport", "Sink", "WireResponse", "retryable", "transport_errors"]
+__all__ = [
+    "HttpTransport",
+    "Sink",
+    "WireResponse",
+    "retryable",
+    "transport_errors",
+    "unresolvable",
+]
 
 _IDENTITY = {"Accept-Encoding": "identity"}
+
+# getaddrinfo's answers that are final: the name does not exist (or has no address, or
+# the resolver refuses for good). EAI_AGAIN, "try again later", stays transient.
+_NO_SUCH_HOST = frozenset(
+    getattr(socket, name)
+    for name in ("EAI_NONAME", "EAI_NODATA", "EAI_FAIL")
+    if hasattr(socket, name)
+)
 
 
 class Sink(Protocol):
@@ -75,6 +92,23 @@ def transport_errors() -> tuple[type[BaseException], ...]:
         aiohttp.ClientConnectionError,
         aiohttp.ClientResponseError,
         TimeoutError,
+    )
+
+
+def unresolvable(url: str, exc: BaseException) -> SourceError | None:
+    """The error for a request whose host name does not resolve, or None when ``exc``
+    is no such failure (or a transient one, worth retrying like any other).
+
+    A name that does not exist will not exist on the next attempt either: failing at
+    once, naming the host, beats six attempts that end in a message hiding the cause.
+    """
+    error = getattr(exc, "os_error", exc)
+    if not isinstance(error, socket.gaierror) or error.errno not in _NO_SUCH_HOST:
+        return None
+    host = urlparse(url).hostname or url
+    return SourceError(
+        f"{url}: the host name {host!r} does not resolve ({error.strerror or error}); check "
+        "the URL's host for typos, and this machine's DNS (or HTTP(S)_PROXY) settings"
     )
 
 
@@ -145,9 +179,15 @@ class HttpTransport:
         check_url(origin, url)
         session = await self._client()
         signed = await self.signer.sign(method, url, headers, origin=origin)
-        return await session.request(
-            method, self._target(url), headers=signed, allow_redirects=False
-        )
+        try:
+            return await session.request(
+                method, self._target(url), headers=signed, allow_redirects=False
+            )
+        except OSError as exc:  # aiohttp's connection errors are OSErrors
+            error = unresolvable(url, exc)
+            if error is not None:
+                raise error from exc
+            raise
 
     async def get(self, origin: str, url: str, headers: dict[str, str]) -> Any:
         """GET ``url`` for ``origin``, following the redirects the signer allows.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import os
 import ssl
 import time
@@ -30,6 +31,26 @@ __all__ = ["S3_NAMESPACE", "S3Signer", "xml_text"]
 # ones (web identity, instance roles) never go stale mid-load.
 _CREDENTIAL_TTL = 60.0
 S3_NAMESPACE = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+
+
+logger = logging.getLogger(__name__)
+
+# Said once per process: every S3 source of a process finds the same (missing) chain.
+_warned_unsigned = False
+
+
+def _warn_unsigned(endpoint: str) -> None:
+    global _warned_unsigned
+    if _warned_unsigned:
+        return
+    _warned_unsigned = True
+    logger.warning(
+        "no AWS credentials were found (environment, shared files, web identity, instance "
+        "metadata): s3:// requests to %s go unsigned, which only public buckets allow. Set "
+        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE to sign them, or pass "
+        "s3_anonymous=True (--s3-anonymous) to read a public bucket without this warning",
+        endpoint,
+    )
 
 
 def xml_text(element: ET.Element, tag: str) -> str | None:
@@ -129,6 +150,8 @@ class S3Signer:
             "ca_bundle"
         )
         credentials = None if options.anonymous else session.get_credentials()
+        if credentials is None and not options.anonymous:
+            _warn_unsigned(self.endpoint)
         self._botocore_credentials = credentials
         self._frozen = credentials.get_frozen_credentials() if credentials else None
         self._frozen_at = time.monotonic()

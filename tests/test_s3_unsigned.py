@@ -1,0 +1,66 @@
+"""s3:// without credentials says once, per process, that its requests go unsigned."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+import aioloader
+from aioloader.sources.s3 import signer
+
+from .helpers import assert_same, random_tensors, write_file
+from .s3_server import MotoS3Server
+
+
+def _no_credentials(monkeypatch: pytest.MonkeyPatch, server: MotoS3Server, tmp: Path) -> None:
+    server.set_env(monkeypatch, tmp)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setattr(signer, "_warned_unsigned", False)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "go unsigned" in r.getMessage()]
+
+
+async def test_unsigned_requests_are_named_once(
+    moto_server: MotoS3Server,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _no_credentials(monkeypatch, moto_server, tmp_path)
+    tensors = random_tensors(count=3)
+    moto_server.create_bucket("unsigned-warning")
+    path = write_file(tmp_path / "m.safetensors", tensors)
+    moto_server.put_object(
+        "unsigned-warning", "m.safetensors", path.read_bytes(), ACL="public-read"
+    )
+    caplog.set_level(logging.WARNING)
+    url = "s3://unsigned-warning/m.safetensors"
+    for _ in range(2):  # two loads, two sources: one warning
+        assert_same(await aioloader.load_model(url, cache_dir=False), tensors)
+    (message,) = _warnings(caplog)
+    assert "no AWS credentials were found" in message and moto_server.endpoint in message
+    assert "AWS_ACCESS_KEY_ID" in message and "s3_anonymous=True" in message
+
+
+async def test_anonymous_or_signed_says_nothing(
+    moto_server: MotoS3Server,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _no_credentials(monkeypatch, moto_server, tmp_path)
+    tensors = random_tensors(count=2)
+    moto_server.create_bucket("unsigned-quiet")
+    path = write_file(tmp_path / "m.safetensors", tensors)
+    moto_server.put_object("unsigned-quiet", "m.safetensors", path.read_bytes(), ACL="public-read")
+    caplog.set_level(logging.WARNING)
+    url = "s3://unsigned-quiet/m.safetensors"
+    assert_same(await aioloader.load_model(url, s3_anonymous=True, cache_dir=False), tensors)
+    moto_server.set_env(monkeypatch, tmp_path)  # credentials again
+    assert_same(await aioloader.load_model(url, cache_dir=False), tensors)
+    assert _warnings(caplog) == []
