@@ -1,0 +1,216 @@
+"""deploy/: the fields the daemon, vLLM and KServe rely on, read from the files themselves.
+
+scripts/deploy_check.sh validates the Kubernetes manifests against the API's schema
+(kubernetes-validate --strict); KServe's custom resources have no schema there, so this
+test parses them. Both check that the files agree with the code they deploy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from aioloader.daemon import app
+from aioloader.daemon.config import _OPTIONS, DEFAULT_GRACE_PERIOD, DEFAULT_PORT
+from aioloader.vllm import KEYS
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+K8S = DEPLOY / "kubernetes"
+KSERVE = DEPLOY / "kserve"
+DAEMON_VARIABLES = {env for _, env, _ in _OPTIONS} | {
+    "AIOLOADER_MODELS",
+    "AIOLOADER_ALLOW_PREFIXES",
+}
+
+
+def _load(path: Path) -> dict[str, Any]:
+    (doc,) = list(yaml.safe_load_all(path.read_text()))
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _pod(name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = _load(K8S / name)["spec"]["template"]["spec"]
+    return spec
+
+
+def _probe_paths(container: dict[str, Any]) -> dict[str, str]:
+    return {
+        kind: container[kind]["httpGet"]["path"]
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+
+
+def _restricted(security: dict[str, Any]) -> None:
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+
+
+def _pinned(image: str) -> None:
+    name, _, tag = image.rpartition(":")
+    assert name and tag and tag != "latest" and "/" not in tag, image
+
+
+def test_every_manifest_parses_and_the_base_lists_them() -> None:
+    for path in DEPLOY.rglob("*.yaml"):
+        doc = _load(path)
+        assert {"apiVersion", "kind"} <= set(doc), path
+    base = _load(K8S / "kustomization.yaml")
+    listed = set(base["resources"])
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    for image in base["images"]:
+        assert image["newTag"] != "latest"
+
+
+def test_daemonset_runs_the_daemon_as_a_non_root_user() -> None:
+    pod = _pod("daemonset.yaml")
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    uid = pod["securityContext"]["runAsUser"]
+    assert uid != 0
+    (daemon,) = pod["containers"]
+    _pinned(daemon["image"])
+    _restricted(daemon["securityContext"])
+    assert daemon["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m["name"] for m in daemon["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(daemon["resources"][kind])
+
+    # The cache: a hostPath the kubelet makes as root, handed to the daemon's uid first.
+    env = {e["name"]: e for e in daemon["env"]}
+    cache = env["AIOLOADER_CACHE_DIR"]["value"]
+    cache_volume = volumes[mounts[cache]]
+    assert cache_volume["hostPath"]["type"] == "DirectoryOrCreate"
+    (init,) = pod["initContainers"]
+    assert init["command"][:2] == ["chown", f"{uid}:{pod['securityContext']['runAsGroup']}"]
+    assert init["command"][2] == cache
+    assert any(m["name"] == mounts[cache] for m in init["volumeMounts"])
+    _restricted(init["securityContext"])
+    assert init["securityContext"]["capabilities"]["add"] == ["CHOWN"]
+
+
+def test_daemonset_speaks_the_daemons_settings_and_routes() -> None:
+    pod = _pod("daemonset.yaml")
+    (daemon,) = pod["containers"]
+    env = {e["name"]: e for e in daemon["env"]}
+    assert {name for name in env if name.startswith("AIOLOADER_")} <= DAEMON_VARIABLES
+    grace = float(env["AIOLOADER_GRACE_PERIOD"]["value"])
+    assert grace < pod["terminationGracePeriodSeconds"]
+    assert pod["terminationGracePeriodSeconds"] > DEFAULT_GRACE_PERIOD
+    (port,) = daemon["ports"]
+    assert port["containerPort"] == DEFAULT_PORT
+    # The probes ask the routes the daemon defines: /health while alive, /ready when cached.
+    assert _probe_paths(daemon) == {
+        "startupProbe": "/health",
+        "livenessProbe": "/health",
+        "readinessProbe": "/ready",
+    }
+    source = Path(app.__file__).read_text()
+    for path in ("/health", "/ready"):
+        assert f'add_get("{path}"' in source
+
+    # The token comes from the Secret of the base.
+    secret = _load(K8S / "secret.yaml")
+    ref = env["AIOLOADER_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == secret["metadata"]["name"]
+    assert ref["key"] in secret["stringData"]
+
+    service = _load(K8S / "service.yaml")
+    labels = _load(K8S / "daemonset.yaml")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    (service_port,) = service["spec"]["ports"]
+    assert service_port["targetPort"] == port["name"]
+
+
+def test_dockerfile() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    for image in re.findall(r"^FROM (\S+)", text, re.MULTILINE):
+        _pinned(image)
+    (user,) = re.findall(r"^USER (\S+)", text, re.MULTILINE)
+    assert re.fullmatch(r"[1-9]\d*(:\d+)?", user), "a numeric non-root uid"
+    (entrypoint,) = re.findall(r"^ENTRYPOINT (.+)$", text, re.MULTILINE)
+    assert json.loads(entrypoint) == ["aioloader", "serve"]
+    assert "torch" not in text.replace("no torch", "")
+    assert "deploy/install.sh" in text  # the step scripts/deploy_check.sh runs outside Docker
+    install = (DEPLOY / "install.sh").read_text()
+    assert "[daemon,uvloop]" in install
+
+
+def test_inferenceservice() -> None:
+    isvc = _load(KSERVE / "inferenceservice.yaml")
+    assert isvc["apiVersion"] == "serving.kserve.io/v1beta1"
+    assert isvc["kind"] == "InferenceService"
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    predictor = isvc["spec"]["predictor"]
+    assert predictor["securityContext"]["runAsNonRoot"] is True
+    (container,) = predictor["containers"]
+    assert container["name"] == "kserve-container"
+    _pinned(container["image"])
+    _restricted(container["securityContext"])
+    args = dict(a.split("=", 1) for a in container["args"] if a.startswith("--"))
+    assert args["--load-format"] == "aioloader"
+    extra = json.loads(args["--model-loader-extra-config"])
+    assert set(extra) <= set(KEYS), "keys aioloader.vllm accepts"
+    for kind in ("requests", "limits"):
+        assert container["resources"][kind]["nvidia.com/gpu"] == "1"
+    assert set(_probe_paths(container).values()) == {"/health"}
+
+    # The node cache, mounted read-only where cache_dir points.
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == extra["cache_dir"])
+    assert mount["readOnly"] is True
+    volume = next(v for v in predictor["volumes"] if v["name"] == mount["name"])
+    daemon_cache = next(v for v in _pod("daemonset.yaml")["volumes"] if v["name"] == "cache")
+    assert volume["hostPath"]["path"] == daemon_cache["hostPath"]["path"]
+    assert (
+        predictor["securityContext"]["runAsUser"]
+        == (_pod("daemonset.yaml")["securityContext"]["runAsUser"])
+    )
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "hf://org/model",
+        "s3://bucket/model/",
+        "gs://bucket/model/",
+        "az://container/model/",
+        "https://host/models/llama",
+        "http://host/models/llama",
+        "https://account.blob.core.windows.net/container/model",
+    ],
+)
+def test_cluster_storage_container_takes(uri: str) -> None:
+    csc = _load(KSERVE / "clusterstoragecontainer.yaml")
+    assert csc["apiVersion"] == "serving.kserve.io/v1alpha1"
+    assert csc["kind"] == "ClusterStorageContainer"
+    formats = csc["spec"]["supportedUriFormats"]
+    assert any(
+        uri.startswith(f["prefix"]) if "prefix" in f else re.fullmatch(f["regex"], uri)
+        for f in formats
+    )
+
+
+def test_cluster_storage_container_runs_aioloader_fetch() -> None:
+    container = _load(KSERVE / "clusterstoragecontainer.yaml")["spec"]["container"]
+    assert container["name"] == "storage-initializer"  # how KServe finds it
+    _pinned(container["image"])
+    # KServe appends SRC DEST as the arguments: the command is `aioloader fetch`.
+    assert container["command"] == ["aioloader", "fetch"]
+    assert "args" not in container
+    assert container["securityContext"]["runAsNonRoot"] is True
+    _restricted(container["securityContext"])
+
+
+def test_docs_point_at_deploy_instead_of_copies() -> None:
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    for name in ("kubernetes.md", "vllm.md"):
+        text = (docs / name).read_text()
+        assert "deploy/" in text, name
+        blocks = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
+        assert not any("apiVersion:" in block for block in blocks), f"{name} copies a manifest"
