@@ -210,6 +210,8 @@ class Loader:
                 http=self.options.http,
                 s3=self.options.s3,
             )
+        if cached and scheme_of(urls[0]) == "hf" and self._cache is None:
+            return self._hf_cache_writes(store, source)
         if not cached or self._cache is None or scheme_of(urls[0]) not in REMOTE_SCHEMES:
             return source
         key = f"{store}+cache"
@@ -224,6 +226,21 @@ class Loader:
                 write_after=not self._device.copies,
             )
         return caching
+
+    def _hf_cache_writes(self, store: str, source: Source) -> Source:
+        # Only host tensors stay as they were read until the write after the load;
+        # a staged (GPU) load reuses its buffers at once, so it fills no cache.
+        if not self.options.hf_cache or self._device.copies:
+            return source
+        from .sources.hf.cache_writes import HfCacheWrites
+        from .sources.hf.source import HfSource
+
+        assert isinstance(source, HfSource)
+        key = f"{store}+hf-cache"
+        writes = self._sources.get(key)
+        if writes is None:
+            writes = self._sources[key] = HfCacheWrites(source)
+        return writes
 
     def stream(self, url: URL, *, tensors: Selection = None, rows: Rows = None) -> TensorStream:
         """Stream the tensors of ``url`` as each one completes.

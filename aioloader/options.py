@@ -246,6 +246,15 @@ KEYWORDS: tuple[Keyword, ...] = (
         env=True,
     ),
     Keyword(
+        "hf_cache",
+        "load",
+        "hf_cache",
+        (bool,),
+        "write hf:// models into the Hugging Face cache (0 to turn off)",
+        parse=_switch,
+        env=True,
+    ),
+    Keyword(
         "device",
         "load",
         "device",
@@ -290,6 +299,7 @@ class LoadKeywords(TypedDict, total=False):
     s3_anonymous: bool | None
     s3_profile: str | None
     cache_dir: Any
+    hf_cache: bool | None
     device: Any
     framework: str | None
     limits: Limits | None
@@ -349,6 +359,8 @@ class LoadOptions:
         s3: where and how to reach S3 (``None``: the AWS configuration).
         cache_dir: the node cache (a folder or a ``ModelCache``), ``False`` for none,
             ``None`` for ``$AIOLOADER_CACHE_DIR`` (resolved by ``build``).
+        hf_cache: hf:// loads into host memory also fill the Hugging Face hub cache
+            (not when ``cache_dir`` is set: the node cache keeps those files then).
         group: a ``torch.distributed`` gloo group whose ranks share the reads.
     """
 
@@ -358,6 +370,7 @@ class LoadOptions:
     http: HttpOptions | None = None
     s3: S3Options | None = None
     cache_dir: Any = None
+    hf_cache: bool = True
     group: Any = None
 
     @classmethod
@@ -416,6 +429,7 @@ class LoadOptions:
             http=http,
             s3=s3,
             cache_dir=False if cache_dir is None else cache_dir,
+            hf_cache=load.get("hf_cache", base.hf_cache),
             group=given.get("group", base.group),
         )
 

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ...errors import AccessDeniedError, ConfigError, NotFoundError, SourceError
 from .snapshot import Snapshot
 from .url import HfLocation, is_commit
 
-__all__ = ["HubSettings", "resolve_snapshot"]
+if TYPE_CHECKING:
+    from .hf_cache import HfCache
+
+__all__ = ["HubSettings", "download_file", "resolve_snapshot"]
 
 _TRUE = frozenset({"1", "ON", "YES", "TRUE"})
 _LOGIN = "log in with `huggingface-cli login` (or set HF_TOKEN)"
@@ -40,12 +44,14 @@ class HubSettings:
         endpoint: the Hub's base URL (``HF_ENDPOINT``, else huggingface_hub's default).
         token: the token huggingface_hub finds (``HF_TOKEN``, the login's token file),
             or None.
-        offline: ``HF_HUB_OFFLINE`` is set.
+        offline: ``HF_HUB_OFFLINE`` is set: the hub cache answers, the Hub is never asked.
+        cache: the hub cache (``HF_HUB_CACHE``, ``HF_HOME/hub`` or huggingface_hub's).
     """
 
     endpoint: str
     token: str | None
     offline: bool
+    cache: Path
 
     def __repr__(self) -> str:
         return f"HubSettings(endpoint={self.endpoint!r}, token={'set' if self.token else None})"
@@ -54,19 +60,15 @@ class HubSettings:
     def from_env(cls) -> HubSettings:
         """Read the settings now (the environment may have changed since
         huggingface_hub was imported, which is when it reads its own constants)."""
-        hub = _hub()
-        endpoint = os.environ.get("HF_ENDPOINT") or hub.constants.ENDPOINT
-        offline = (os.environ.get("HF_HUB_OFFLINE") or "").upper() in _TRUE
-        return cls(endpoint.rstrip("/"), hub.get_token(), offline or hub.constants.HF_HUB_OFFLINE)
+        from .hf_cache import cache_root
 
-    def check_online(self, url: str) -> None:
-        """Raise ConfigError when HF_HUB_OFFLINE forbids asking the Hub."""
-        if self.offline:
-            raise ConfigError(
-                f"{url}: HF_HUB_OFFLINE is set, and reading hf:// models offline from the "
-                "Hugging Face cache is not supported yet; unset HF_HUB_OFFLINE to stream from "
-                f"{self.endpoint}, or load the files of a local snapshot folder"
-            )
+        hub = _hub()
+        from huggingface_hub import constants
+
+        endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+        variable = os.environ.get("HF_HUB_OFFLINE")
+        offline = variable.upper() in _TRUE if variable else constants.HF_HUB_OFFLINE
+        return cls(endpoint.rstrip("/"), hub.get_token(), offline, cache_root())
 
 
 def resolve_snapshot(settings: HubSettings, location: HfLocation) -> Snapshot:
@@ -89,17 +91,45 @@ def resolve_snapshot(settings: HubSettings, location: HfLocation) -> Snapshot:
                 f"{location.url()}: {settings.endpoint} gave no commit sha for {repo}@{revision}; "
                 "check that HF_ENDPOINT points at a Hugging Face Hub"
             )
-        files = {
-            entry.path: entry.size
+        entries = [
+            entry
             for entry in api.list_repo_tree(repo, revision=sha, recursive=True)
             if isinstance(entry, hub.hf_api.RepoFile)
-        }
+        ]
     except Exception as exc:
         error = _translate(exc, settings, location)
         if error is None:
             raise
         raise error from exc
-    return Snapshot(repo, revision, sha, files)
+    files = {entry.path: entry.size for entry in entries}
+    ids = {entry.path: entry.lfs.sha256 if entry.lfs else entry.blob_id for entry in entries}
+    return Snapshot(repo, revision, sha, files, ids)
+
+
+def download_file(settings: HubSettings, cache: HfCache, snapshot: Snapshot, path: str) -> None:
+    """Download one file of ``snapshot`` into the hub cache, by huggingface_hub itself.
+
+    Blocking: run it in a thread.
+
+    Raises:
+        SourceError: as ``resolve_snapshot``.
+    """
+    hub = _hub()
+    location = HfLocation(snapshot.repo_id, snapshot.sha, path)
+    try:
+        hub.hf_hub_download(
+            snapshot.repo_id,
+            path,
+            revision=snapshot.sha,
+            cache_dir=cache.root,
+            endpoint=settings.endpoint,
+            token=settings.token or False,
+        )
+    except Exception as exc:
+        error = _translate(exc, settings, location)
+        if error is None:
+            raise
+        raise error from exc
 
 
 def _translate(exc: Exception, settings: HubSettings, loc: HfLocation) -> SourceError | None:

@@ -7,7 +7,7 @@ from this record, so one load never mixes two commits of a moving branch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...errors import NotFoundError
 from .url import HfLocation
@@ -24,12 +24,15 @@ class Snapshot:
         revision: the revision that was asked for (a branch, tag or sha).
         sha: the commit it pointed to.
         files: path in the repository -> size in bytes.
+        ids: path -> the id of its blob in the hub cache: the LFS sha256 of a weight
+            file, the git blob sha1 of a regular one (empty when not known).
     """
 
     repo_id: str
     revision: str
     sha: str
     files: dict[str, int]
+    ids: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
         """``org/name@revision`` and, when they differ, the commit it resolved to."""

@@ -9,11 +9,18 @@ redirect to the storage host; the token goes to the Hub only (signer.py).
 
 A long-lived Loader keeps one HfSource: each load of a branch or tag resolves it
 again, and the files it then joins are read at that commit.
+
+A file the Hugging Face hub cache already holds at that commit (written by
+aioloader or by huggingface_hub) is read from there, as a local file. With
+``HF_HUB_OFFLINE`` set the Hub is never asked: the revision and the files come
+from the cache (hf_cache.py), and what it lacks is a NotFoundError saying so.
+Filling the cache is cache_writes.py's.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from urllib.parse import quote
 
 from ...config import HttpOptions
@@ -21,16 +28,37 @@ from ...errors import ClosedError, SourceError
 from ...threads import Lanes, run_in
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
+from ..file import FileSource
 from ..http.store import HttpStore
+from .hf_cache import HfCache
 from .hub import HubSettings, resolve_snapshot
 from .signer import HubSigner
 from .snapshot import Snapshot
 from .url import HfLocation, is_commit, parse_hf_url
 
-__all__ = ["HfSource"]
+__all__ = ["HfFile", "HfSource"]
 
 # Snapshots of commits kept for the files a layout joins (a commit never changes).
 _KEPT_SNAPSHOTS = 64
+
+
+@dataclass(frozen=True)
+class HfFile:
+    """A file of a Hub repository, opened.
+
+    Attributes:
+        blob: its bytes, from the network or from the hub cache.
+        cached: whether ``blob`` reads the hub cache's copy.
+        path: its path in the repository.
+        snapshot: the commit it belongs to.
+        settings: the Hub's settings it was opened with.
+    """
+
+    blob: Blob
+    cached: bool
+    path: str
+    snapshot: Snapshot
+    settings: HubSettings
 
 
 class HfSource(Source):
@@ -54,6 +82,7 @@ class HfSource(Source):
         self._settings: HubSettings | None = None
         self._snapshots: OrderedDict[tuple[str, str], Snapshot] = OrderedDict()
         self._pins: dict[tuple[str, str], str] = {}
+        self._local: FileSource | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -62,18 +91,25 @@ class HfSource(Source):
     def statistics(self) -> LimiterStatistics:
         return self._store.statistics()
 
-    async def _snapshot(self, location: HfLocation) -> Snapshot:
+    async def _settings_now(self) -> HubSettings:
         if self._closed:
             raise ClosedError("this HfSource is closed")
         settings = self._settings
         if settings is None:
             settings = self._settings = await run_in(self._lanes.setup, HubSettings.from_env)
             self._signer.use(settings)
-        settings.check_online(location.url())
+        return settings
+
+    async def _snapshot(self, location: HfLocation) -> Snapshot:
+        settings = await self._settings_now()
         key = (location.repo_id, location.revision)
         if is_commit(location.revision) and key in self._snapshots:
             return self._snapshots[key]
-        snapshot = await run_in(self._lanes.setup, resolve_snapshot, settings, location)
+        if settings.offline:
+            cache = HfCache(settings.cache, location.repo_id)
+            snapshot = await run_in(self._lanes.setup, cache.snapshot, location)
+        else:
+            snapshot = await run_in(self._lanes.setup, resolve_snapshot, settings, location)
         self._snapshots[(snapshot.repo_id, snapshot.sha)] = snapshot
         while len(self._snapshots) > _KEPT_SNAPSHOTS:
             self._snapshots.popitem(last=False)
@@ -86,12 +122,34 @@ class HfSource(Source):
         return (await self._snapshot(location)).names_in(location.path)
 
     async def open(self, url: str) -> Blob:
+        return (await self.open_file(url)).blob
+
+    async def open_file(self, url: str) -> HfFile:
+        """Open ``url``: from the hub cache when it holds the file at the resolved
+        commit, else from the Hub.
+
+        Raises:
+            NotFoundError: no such file at that commit (offline: not in the cache).
+            SourceError: the Hub's download is not the size its listing gave.
+        """
         location = parse_hf_url(url)
         snapshot = await self._snapshot(location)
+        settings = await self._settings_now()
+        cache = HfCache(settings.cache, location.repo_id)
+        if settings.offline and location.path not in snapshot.files:
+            raise cache.missing_offline(location, snapshot.sha)
         size = snapshot.size_of(location.path)
-        assert self._settings is not None
+        local = await run_in(self._lanes.setup, cache.find, snapshot.sha, location.path, size)
+        if local is None and settings.offline:
+            raise cache.missing_offline(location, snapshot.sha)
+        if local is not None:
+            if self._local is None:
+                self._local = FileSource(self._lanes)
+            blob = await self._local.open(str(local))
+            blob.url = url  # a layout matches the files it joins by their hf:// URLs
+            return HfFile(blob, True, location.path, snapshot, settings)
         fetch_url = (
-            f"{self._settings.endpoint}/{quote(location.repo_id)}/resolve/{snapshot.sha}/"
+            f"{settings.endpoint}/{quote(location.repo_id)}/resolve/{snapshot.sha}/"
             + quote(location.path)
         )
         blob = await self._store.open(url, fetch_url)
@@ -102,7 +160,7 @@ class HfSource(Source):
                 f"but its download has {blob.size}; try again, and report it to the Hub if "
                 "it persists"
             )
-        return blob
+        return HfFile(blob, False, location.path, snapshot, settings)
 
     def join(self, base: str, name: str) -> str:
         # Files named after a listing are read at the commit the listing saw.
@@ -113,4 +171,8 @@ class HfSource(Source):
 
     async def aclose(self) -> None:
         self._closed = True
-        await self._store.aclose()
+        try:
+            await self._store.aclose()
+        finally:
+            if self._local is not None:
+                await self._local.aclose()

@@ -1,0 +1,137 @@
+"""A file read from the Hub, written into the hub cache after the load has returned.
+
+``RecordingBlob`` keeps the ranges a load read: views of the caller's tensors (a
+load into host memory) and the header bytes. When the blob closes, a commit thread
+(``commit.submit``, shared with the node cache) runs ``write_blob``: only a file
+read whole is written, chunk by chunk, each chunk copied once and hashed as the
+very bytes that go to disk, into a temporary name in ``blobs/``. The digest is
+checked against the blob's id before the rename: the LFS sha256 the Hub publishes
+for a weight file, the git blob sha1 of a regular one. A corrupted download, and a
+tensor the caller changed in place before it was written, both fail that check,
+and the blob is dropped with a warning: the published digest is the one witness
+that covers both, so no digest is taken on arrival (the load pays no hashing).
+Hashing the copy that is written, not the caller's memory, leaves no window for a
+change between the check and the write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..base import Blob, clip
+from .hf_cache import HfCache, sweep_temporaries, temporary_name
+
+__all__ = ["RecordingBlob", "write_blob"]
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 8 << 20
+
+Ranges = list[tuple[int, memoryview]]
+
+
+def _digest(blob_id: str, size: int) -> Any:
+    """A hash that ends as ``blob_id`` for the right bytes: sha256 (LFS) or git's sha1."""
+    if len(blob_id) == 64:
+        return hashlib.sha256()
+    git = hashlib.sha1(usedforsecurity=False)
+    git.update(b"blob %d\0" % size)
+    return git
+
+
+def _in_order(ranges: Ranges, size: int) -> list[memoryview] | None:
+    """Views covering ``[0, size)`` back to back, taken from ``ranges`` (which may
+    overlap), or None when some byte was never read."""
+    out, at = [], 0
+    for offset, view in sorted(ranges, key=lambda r: r[0]):
+        if offset > at:
+            return None
+        end = offset + view.nbytes
+        if end > at:
+            out.append(view[at - offset :])
+            at = end
+    return out if at >= size else None
+
+
+def write_blob(cache: HfCache, blob_id: str, size: int, ranges: Ranges) -> bool:
+    """Write the file ``ranges`` cover into ``blobs/<blob_id>``; False (with a warning)
+    when its bytes are not ``blob_id``'s. Blocking: a commit thread runs it."""
+    final = cache.blob(blob_id)
+    if final.is_file() and final.stat().st_size == size:
+        return True  # committed already (by us, another process or huggingface_hub)
+    views = _in_order(ranges, size)
+    if views is None:
+        return False
+    final.parent.mkdir(parents=True, exist_ok=True)
+    sweep_temporaries(final)
+    temporary = temporary_name(final)
+    digest = _digest(blob_id, size)
+    try:
+        with open(temporary, "wb") as out:
+            for view in views:
+                for start in range(0, view.nbytes, _CHUNK):
+                    chunk = bytes(view[start : start + _CHUNK])
+                    digest.update(chunk)
+                    out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if digest.hexdigest() != blob_id:
+            logger.warning(
+                "Hugging Face cache %s: the bytes read for blob %s of %s do not match the "
+                "digest the Hub publishes (a corrupted download, or a tensor changed in "
+                "place before it was written); not caching it",
+                cache.root,
+                blob_id,
+                cache.repo_id,
+            )
+            return False
+        os.replace(temporary, final)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return True
+
+
+class RecordingBlob(Blob):
+    """A Hub file's blob that keeps what the load read, for ``on_close``.
+
+    The views are the caller's memory (host tensors, which stay alive while the
+    write holds them) and the header's bytes.
+    """
+
+    def __init__(self, inner: Blob, on_close: Callable[[Ranges], None]) -> None:
+        self.url = inner.url
+        self.size = inner.size
+        self.etag = getattr(inner, "etag", None)
+        self._inner = inner
+        self._ranges: Ranges = []
+        self._on_close: Callable[[Ranges], None] | None = on_close
+
+    def __repr__(self) -> str:
+        return f"<recording {self._inner!r} ranges={len(self._ranges)}>"
+
+    async def read_bytes(self, offset: int, length: int) -> bytes:
+        data = await self._inner.read_bytes(offset, length)
+        self._ranges.append((offset, memoryview(data)))
+        return data
+
+    async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        await self._inner.read_into(offset, buffers)
+        for view in clip(buffers, self.size - offset):
+            self._ranges.append((offset, view))
+            offset += view.nbytes
+
+    async def check_unchanged(self) -> None:
+        await self._inner.check_unchanged()
+
+    async def aclose(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        ranges, self._ranges = self._ranges, []
+        try:
+            await self._inner.aclose()
+        finally:
+            if on_close is not None:
+                on_close(ranges)

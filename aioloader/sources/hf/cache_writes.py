@@ -1,0 +1,128 @@
+"""Filling the Hugging Face hub cache while hf:// models stream into host memory.
+
+``HfCacheWrites`` wraps an ``HfSource`` for loads into host memory: every file the
+source reads from the network comes back as a ``RecordingBlob``, whose bytes are
+written into the hub cache once it closes, after the load has returned
+(blob_writer.py). The first time a commit is loaded, the repository's small
+non-weight files (config, tokenizer, generation config...) are downloaded into the
+cache too, by huggingface_hub itself, and the ref the URL named is recorded, so a
+serving engine can start from the cache offline.
+
+That work runs in the process's commit threads (``cache/commit.py``), keyed by the
+hub cache's folder; ``wait_hf_cache`` waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from ...cache import commit
+from ..base import Blob, Source
+from .blob_writer import Ranges, RecordingBlob, write_blob
+from .hf_cache import HfCache, cache_root
+from .hub import HubSettings, download_file
+from .snapshot import Snapshot
+from .source import HfSource
+
+__all__ = ["HfCacheWrites", "is_small_file", "wait_hf_cache"]
+
+logger = logging.getLogger(__name__)
+
+# Weights in formats a safetensors load never reads: left to the tools that read them.
+_OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".gguf", ".ckpt", ".ot")
+_SMALL = 64 << 20
+
+
+def is_small_file(path: str, size: int) -> bool:
+    """Whether ``path`` is one of the small non-weight files a serving engine needs."""
+    name = path.lower()
+    return size <= _SMALL and not name.endswith((".safetensors", *_OTHER_WEIGHTS))
+
+
+async def wait_hf_cache(root: str | Path | None = None) -> None:
+    """Wait until every hub cache write submitted so far under ``root`` (default: the
+    cache in use now, ``cache_root()``) has finished. Cancelling leaves them running."""
+    await commit.wait(Path(root) if root is not None else cache_root())
+
+
+def _small_files(settings: HubSettings, cache: HfCache, snapshot: Snapshot) -> None:
+    """Download the snapshot's small files and record its ref (a commit thread's job)."""
+    try:
+        for path, size in sorted(snapshot.files.items()):
+            if is_small_file(path, size) and cache.find(snapshot.sha, path, size) is None:
+                download_file(settings, cache, snapshot, path)
+        cache.write_ref(snapshot.revision, snapshot.sha)
+    except Exception as exc:
+        logger.warning(
+            "Hugging Face cache %s: the small files of %s were not all cached: %s",
+            cache.root,
+            snapshot.describe(),
+            exc,
+        )
+
+
+def _weight_file(
+    cache: HfCache, snapshot: Snapshot, path: str, size: int
+) -> Callable[[Ranges], Callable[[], None]]:
+    blob_id = snapshot.ids.get(path, "")
+
+    def job(ranges: Ranges) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                if blob_id and write_blob(cache, blob_id, size, ranges):
+                    cache.link(snapshot.sha, path, blob_id)
+            except OSError as exc:
+                logger.warning(
+                    "Hugging Face cache %s: %s of %s was not cached: %s",
+                    cache.root,
+                    path,
+                    snapshot.describe(),
+                    exc,
+                )
+
+        return run
+
+    return job
+
+
+class HfCacheWrites(Source):
+    """An ``HfSource`` whose network reads also fill the hub cache (see the module).
+
+    ``inner`` belongs to the caller and stays open.
+    """
+
+    def __init__(self, inner: HfSource) -> None:
+        self.inner = inner
+        self._seen: set[tuple[Path, str, str]] = set()
+
+    def __repr__(self) -> str:
+        return f"<HfCacheWrites {self.inner!r}>"
+
+    def statistics(self) -> object:
+        return self.inner.statistics()
+
+    async def list_dir(self, url: str) -> list[str] | None:
+        return await self.inner.list_dir(url)
+
+    def join(self, base: str, name: str) -> str:
+        return self.inner.join(base, name)
+
+    async def open(self, url: str) -> Blob:
+        opened = await self.inner.open_file(url)
+        if opened.cached:
+            return opened.blob
+        settings, snapshot = opened.settings, opened.snapshot
+        cache = HfCache(settings.cache, snapshot.repo_id)
+        key = (cache.root, snapshot.repo_id, snapshot.sha + "@" + snapshot.revision)
+        if key not in self._seen:
+            self._seen.add(key)
+            commit.submit(cache.root, lambda: _small_files(settings, cache, snapshot))
+        if not opened.path.endswith(".safetensors"):
+            return opened.blob  # the small files are huggingface_hub's to write
+        job = _weight_file(cache, snapshot, opened.path, opened.blob.size)
+        return RecordingBlob(opened.blob, lambda ranges: commit.submit(cache.root, job(ranges)))
+
+    async def aclose(self) -> None:
+        """Nothing of its own to close: the writes finish in the commit threads."""
