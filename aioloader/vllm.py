@@ -6,9 +6,13 @@ metadata). It registers ``AioloaderModelLoader`` under the load format
 ``aioloader``; nothing else happens until vLLM asks for that format.
 
 ``--model`` stays what vLLM needs for the config and tokenizer. The weights come
-from ``--model-loader-extra-config``'s ``url`` (a local path, ``http(s)://`` or
-``s3://``), else from the model folder (or ``model_weights`` where vLLM sets it).
-The keys are ``KEYS``; an unknown one fails at once, naming it.
+from ``--model-loader-extra-config``'s ``url`` (any URL a load takes), else from
+the model (``model_weights`` where vLLM sets it): a local folder is read as such,
+a URL (``hf://``, ``s3://``, ...) as it is, and a Hub repository id ``org/name``
+that is no local folder is streamed from the Hub as ``hf://org/name@revision``
+(vLLM itself fetches only the config and tokenizer, through huggingface_hub,
+which honours ``HF_ENDPOINT`` as the stream does). The keys are ``KEYS``; an
+unknown one fails at once, naming it.
 
 How the weights meet the model: vLLM's worker is synchronous and may own an event
 loop already, so the load runs on an event loop of its own, in a thread. Tensors
@@ -34,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import os
 import queue
 import threading
 import time
@@ -47,7 +52,7 @@ from .options import KEYWORDS, LoadOptions
 from .redact import redacting_logger
 from .threads import start_thread
 
-__all__ = ["KEYS", "WINDOW", "VllmOptions", "register", "stream_weights"]
+__all__ = ["KEYS", "WINDOW", "VllmOptions", "register", "stream_weights", "weights_url"]
 
 # Under "vllm", not this module's name: vLLM gives its own loggers a handler (and stops
 # their propagation), so a plugin's lines show in `vllm serve` output only there.
@@ -288,7 +293,27 @@ def _weights_url(options: VllmOptions, model_config: Any) -> str:
     if options.url:
         return options.url
     weights = getattr(model_config, "model_weights", None)
-    return str(weights or model_config.model)
+    return weights_url(str(weights or model_config.model), getattr(model_config, "revision", None))
+
+
+def weights_url(model: str, revision: str | None = None) -> str:
+    """Where the weights of vLLM's ``model`` are read from.
+
+    A URL and a path that exists are kept as they are; a Hub repository id
+    (``org/name``) that is no local path becomes ``hf://org/name@revision``
+    (``main`` without one); anything else is kept, to fail as a missing path.
+    """
+    if "://" in model or os.path.exists(model):
+        return model
+    from .sources.hf.url import DEFAULT_REVISION, parse_hf_url
+
+    try:
+        location = parse_hf_url(f"hf://{model}")
+    except ConfigError:
+        return model
+    if location.path or location.revision != DEFAULT_REVISION:
+        return model  # "org/name/sub" or "org/name@x" is a path, not a repository id
+    return location.at(revision=revision or DEFAULT_REVISION).url()
 
 
 def _device_of(model: Any) -> str:

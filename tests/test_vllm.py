@@ -69,13 +69,15 @@ def model_folder() -> Path:
     return Path(found.stdout.strip())
 
 
-def run_child(spec: dict[str, Any], tmp: Path, timeout: float = 900) -> dict[str, Any]:
+def run_child(
+    spec: dict[str, Any], tmp: Path, timeout: float = 900, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     spec_file, out_file = tmp / "spec.json", tmp / "out.json"
     spec_file.write_text(json.dumps(spec))
     done = subprocess.run(
         [str(VLLM_PYTHON), str(CHILD), str(spec_file), str(out_file)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-        env=vllm_env(), cwd=tmp,
+        env=env or vllm_env(), cwd=tmp,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-5000:]
     runs: dict[str, Any] = json.loads(out_file.read_text())["runs"]
@@ -195,18 +197,21 @@ def free_port() -> int:
         return port
 
 
-def test_the_openai_server_embeds_with_aioloader(prepared: dict[str, Any]) -> None:
+def serve_and_embed(
+    model: str, args: list[str], log: Path, env: dict[str, str] | None = None
+) -> list[float]:
+    """Start vLLM's OpenAI server on ``model``, embed ``TEXTS[0]``, stop it; the embedding."""
     port = free_port()
-    log = prepared["tmp"] / "server.log"
     command = [
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(prepared["whole"]), "--runner", "pooling", "--dtype", "float32",
+        "--model", model, "--runner", "pooling", "--dtype", "float32",
         "--enforce-eager", "--max-model-len", "256", "--kv-cache-memory-bytes", str(256 << 20),
-        "--load-format", "aioloader", "--model-loader-extra-config", '{"concurrency": 4}',
-        "--host", "127.0.0.1", "--port", str(port),
+        "--load-format", "aioloader", *args, "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     with open(log, "wb") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=vllm_env())
+        server = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env or vllm_env()
+        )
     try:
         deadline = time.monotonic() + 600
         while True:
@@ -217,7 +222,7 @@ def test_the_openai_server_embeds_with_aioloader(prepared: dict[str, Any]) -> No
             except OSError:
                 assert time.monotonic() < deadline, log.read_text()[-5000:]
                 time.sleep(1)
-        body = json.dumps({"model": str(prepared["whole"]), "input": TEXTS[:1]}).encode()
+        body = json.dumps({"model": model, "input": TEXTS[:1]}).encode()
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/embeddings",
             data=body,
@@ -232,7 +237,14 @@ def test_the_openai_server_embeds_with_aioloader(prepared: dict[str, Any]) -> No
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-    served = answer["data"][0]["embedding"]
+    served: list[float] = answer["data"][0]["embedding"]
+    return served
+
+
+def test_the_openai_server_embeds_with_aioloader(prepared: dict[str, Any]) -> None:
+    log = prepared["tmp"] / "server.log"
+    extra = ["--model-loader-extra-config", '{"concurrency": 4}']
+    served = serve_and_embed(str(prepared["whole"]), extra, log)
     expected = embeddings(prepared["results"], "default")[0]
     assert len(served) == len(expected)
     assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-5

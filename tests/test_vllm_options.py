@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from aioloader import ConfigError, HttpOptions, S3Options
-from aioloader.vllm import KEYS, VllmOptions
+from aioloader.vllm import KEYS, VllmOptions, weights_url
 
 
 def test_every_key_becomes_a_loader_setting() -> None:
@@ -80,3 +82,30 @@ def test_a_value_of_the_wrong_type_is_named(key: str, value: object) -> None:
 def test_a_bad_s3_addressing_fails_early() -> None:
     with pytest.raises(ConfigError):
         VllmOptions.parse({"s3_addressing": "sideways"})
+
+
+@pytest.mark.parametrize(
+    ("model", "revision", "url"),
+    [
+        ("org/name", None, "hf://org/name@main"),
+        ("org/name", "v1.0", "hf://org/name@v1.0"),
+        ("org/name", "feature/x", "hf://org/name@feature%2Fx"),
+        ("hf://org/name@dev", None, "hf://org/name@dev"),
+        ("s3://bucket/prefix/", None, "s3://bucket/prefix/"),
+        ("gs://bucket/prefix", None, "gs://bucket/prefix"),
+        ("az://container/prefix", "main", "az://container/prefix"),
+        ("gpt2", None, "gpt2"),  # no owner: not an hf:// repository, kept to fail as a path
+        ("org/name/sub", None, "org/name/sub"),
+        ("org/na--me", None, "org/na--me"),
+    ],
+)
+def test_the_weights_url_of_a_model(model: str, revision: str | None, url: str) -> None:
+    assert weights_url(model, revision) == url
+
+
+def test_an_existing_folder_is_read_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert weights_url("org/name") == "org/name"
