@@ -1,4 +1,4 @@
-"""The ``aioloader`` command line: ``load``, ``inspect``, ``serve`` and ``cache verify``."""
+"""The ``aioloader`` command line: ``load``, ``inspect``, ``fetch``, ``serve``, ``cache verify``."""
 
 from __future__ import annotations
 
@@ -202,6 +202,16 @@ async def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _fetch(args: argparse.Namespace) -> int:
+    from .folder_copy import copy_folder
+
+    done = await copy_folder(args.src, args.dest, **_load_options(args))
+    print(done.summary(), file=sys.stderr)
+    for name in done.files:
+        print(name)
+    return 0
+
+
 def _cache_folder(args: argparse.Namespace) -> str | None:
     """The cache folder ``cache verify`` checks; None after saying why there is none."""
     root: str | None = args.cache_dir or os.environ.get("AIOLOADER_CACHE_DIR")
@@ -261,6 +271,17 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("url")
     inspect.add_argument("--json", action="store_true", help="print as JSON")
 
+    fetch = sub.add_parser(
+        "fetch",
+        parents=[common],
+        help="copy a model folder (weights, config and tokenizer files) into a local folder",
+        description="Called as a storage initializer is (`aioloader fetch SRC DEST`): files "
+        "land under their names only when all are complete; prints the names copied.",
+    )
+    fetch.add_argument("src", help="folder, index or .safetensors URL: hf://, s3://, gs://, ...")
+    fetch.add_argument("dest", help="the local folder (made if missing)")
+    _add_load_options(fetch)
+
     cache = sub.add_parser("cache", parents=[common], help="look after a node-local model cache")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
     verify = cache_sub.add_parser(
@@ -307,9 +328,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aioloader").debug("command %s, Python %s", args.command, sys.version)
-    handler = {"load": _load, "inspect": _inspect, "serve": _serve, "cache": _cache_verify}[
-        args.command
-    ]
+    handler = {
+        "load": _load,
+        "inspect": _inspect,
+        "fetch": _fetch,
+        "serve": _serve,
+        "cache": _cache_verify,
+    }[args.command]
     if args.command == "cache":
         args.cache_dir = _cache_folder(args)
         if args.cache_dir is None:

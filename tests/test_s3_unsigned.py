@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,15 @@ def _no_credentials(monkeypatch: pytest.MonkeyPatch, server: MotoS3Server, tmp: 
     monkeypatch.setattr(signer, "_warned_unsigned", False)
 
 
+def _public_model(server: MotoS3Server, bucket: str, tmp: Path) -> tuple[str, dict[str, Any]]:
+    """A public object in a new bucket: its URL and tensors."""
+    tensors = random_tensors(count=3)
+    server.create_bucket(bucket)
+    path = write_file(tmp / "m.safetensors", tensors)
+    server.put_object(bucket, "m.safetensors", path.read_bytes(), ACL="public-read")
+    return f"s3://{bucket}/m.safetensors", tensors
+
+
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "go unsigned" in r.getMessage()]
 
@@ -32,14 +42,8 @@ async def test_unsigned_requests_are_named_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     _no_credentials(monkeypatch, moto_server, tmp_path)
-    tensors = random_tensors(count=3)
-    moto_server.create_bucket("unsigned-warning")
-    path = write_file(tmp_path / "m.safetensors", tensors)
-    moto_server.put_object(
-        "unsigned-warning", "m.safetensors", path.read_bytes(), ACL="public-read"
-    )
+    url, tensors = _public_model(moto_server, "unsigned-warning", tmp_path)
     caplog.set_level(logging.WARNING)
-    url = "s3://unsigned-warning/m.safetensors"
     for _ in range(2):  # two loads, two sources: one warning
         assert_same(await aioloader.load_model(url, cache_dir=False), tensors)
     (message,) = _warnings(caplog)
@@ -54,12 +58,8 @@ async def test_anonymous_or_signed_says_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     _no_credentials(monkeypatch, moto_server, tmp_path)
-    tensors = random_tensors(count=2)
-    moto_server.create_bucket("unsigned-quiet")
-    path = write_file(tmp_path / "m.safetensors", tensors)
-    moto_server.put_object("unsigned-quiet", "m.safetensors", path.read_bytes(), ACL="public-read")
+    url, tensors = _public_model(moto_server, "unsigned-quiet", tmp_path)
     caplog.set_level(logging.WARNING)
-    url = "s3://unsigned-quiet/m.safetensors"
     assert_same(await aioloader.load_model(url, s3_anonymous=True, cache_dir=False), tensors)
     moto_server.set_env(monkeypatch, tmp_path)  # credentials again
     assert_same(await aioloader.load_model(url, cache_dir=False), tensors)

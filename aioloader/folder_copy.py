@@ -1,0 +1,294 @@
+"""``aioloader fetch SRC DEST``: copy a model folder to local disk, as a storage initializer.
+
+KServe calls its storage initializer as ``<cmd> SRC DEST``; this is that command's
+core. What is copied:
+
+- a folder that can be listed (local, ``s3://``, ``gs://``, ``az://``, ``hf://``, an
+  HTTP listing): every file ``Source.list_dir`` names in it, configs and tokenizers
+  with the weights;
+- an index URL, a single ``.safetensors`` URL or an unlisted HTTP folder ending in
+  ``/`` (layout.py finds its shards): those files, plus the well-known config and
+  tokenizer files next to them that exist (``WELL_KNOWN``).
+
+Bytes come through the same sources as a load: concurrent range reads with its
+retries, each file pinned to the version it was opened at (ETag, the Hub's commit),
+and the whole-object checksum the store publishes checked (S3's
+``x-amz-checksum-*``). Everything is written into ``DEST/.aioloader-partial-*`` and
+renamed into place only when every file is complete, so no half-written file ever
+has a final name; a failed or cancelled copy removes its partial folder, and one
+left by a killed copy is removed by the next. Two copies into one DEST take turns
+(a lock on the folder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Unpack
+
+from .cache.checksum import Published
+from .errors import ConfigError, NotFoundError, SourceError
+from .layout import resolve_layout
+from .options import LoadKeywords, LoadOptions
+from .sources.auto import source_for
+from .sources.base import Blob, Source
+from .tasks import gather
+from .threads import Lane, Lanes, run_blocking
+
+__all__ = ["PARTIAL_PREFIX", "WELL_KNOWN", "FolderCopy", "copy_folder"]
+
+PARTIAL_PREFIX = ".aioloader-partial-"
+
+# Files a model folder carries beside its weights, tried by name where no listing exists.
+WELL_KNOWN = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "preprocessor_config.json",
+    "chat_template.jinja",
+)
+
+
+@dataclass(frozen=True)
+class FolderCopy:
+    """What ``copy_folder`` did: the files (relative names), their bytes, the time taken."""
+
+    source: str
+    dest: str
+    files: tuple[str, ...]
+    bytes: int
+    seconds: float
+
+    def summary(self) -> str:
+        rate = self.bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+        return (
+            f"fetched {len(self.files)} file{'s' if len(self.files) != 1 else ''} "
+            f"({self.bytes} bytes) from {self.source} into {self.dest} in "
+            f"{self.seconds:.2f} s ({rate:.1f} MB/s)"
+        )
+
+
+def _checked_name(name: str, src: str) -> str:
+    """A file name from a listing or an index, refused if it could leave DEST."""
+    parts = name.split("/")
+    if (
+        not name
+        or "\0" in name
+        or "\\" in name
+        or name.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+        or parts[0].startswith(PARTIAL_PREFIX)
+    ):
+        raise SourceError(f"{src} lists a file named {name!r}, which cannot be copied safely")
+    return name
+
+
+async def _exists(source: Source, url: str) -> bool:
+    try:
+        blob = await source.open(url)
+    except NotFoundError:
+        return False
+    await blob.aclose()
+    return True
+
+
+async def files_to_copy(source: Source, src: str) -> list[tuple[str, str]]:
+    """``(url, relative name)`` of every file to copy from ``src`` (see the module)."""
+    names = await source.list_dir(src)
+    if names is not None:
+        listed = [n for n in names if not n.startswith(".")]
+        if not listed:
+            raise SourceError(f"{src} is an empty folder; there is nothing to fetch")
+        return [(source.join(src, n), _checked_name(n, src)) for n in sorted(listed)]
+    layout = await resolve_layout(source, src)
+    folder = src.rstrip("/") if src.endswith("/") else source.parent(layout.files[0])
+    urls = list(layout.files) + ([layout.index] if layout.index else [])
+    extra = [source.join(folder, n) for n in WELL_KNOWN]
+    found = await asyncio.gather(*(_exists(source, u) for u in extra))
+    urls += [u for u, there in zip(extra, found, strict=True) if there and u not in urls]
+    prefix = folder + "/"
+    copies = []
+    for url in urls:
+        if not url.startswith(prefix):
+            raise SourceError(f"{src} names {url}, which is not inside {folder}")
+        copies.append((url, _checked_name(url[len(prefix) :], src)))
+    return copies
+
+
+def _lock_dest(dest: Path) -> int:
+    """Create DEST, take its lock (waits for another copy) and remove stale partials."""
+    dest.mkdir(parents=True, exist_ok=True)
+    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for stale in dest.glob(PARTIAL_PREFIX + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _create(path: Path, size: int) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.ftruncate(fd, size)
+    return fd
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
+
+
+def _digest_of(path: Path, published: Published) -> bool:
+    running = published.new()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            running.update(memoryview(chunk))
+    return published.matches(running)
+
+
+async def _published(source: Source, url: str) -> Published | None:
+    checksums = await source.object_checksums(url)
+    for algorithm in ("sha256", "sha1", "crc32"):
+        header = f"x-amz-checksum-{algorithm}"
+        if header in checksums:
+            return Published(algorithm, checksums[header], header)
+    return None
+
+
+class _Copier:
+    """Copies files into one partial folder, ``slots`` range reads in flight in all."""
+
+    def __init__(self, source: Source, partial: Path, lane: Lane, chunk: int, slots: int) -> None:
+        self.source = source
+        self.partial = partial
+        self.lane = lane
+        self.chunk = chunk
+        self.gate = asyncio.Semaphore(slots)
+        self.bytes = 0
+
+    async def copy(self, url: str, name: str) -> None:
+        blob = await self.source.open(url)
+        try:
+            path = self.partial / name
+            fd = await run_blocking(self.lane, lambda: _create(path, blob.size), os.close)
+            try:
+                await gather(
+                    self._range(blob, fd, start, min(self.chunk, blob.size - start))
+                    for start in range(0, blob.size, self.chunk)
+                )
+                await blob.check_unchanged()
+                await run_blocking(self.lane, lambda: os.fsync(fd))
+            finally:
+                os.close(fd)
+        finally:
+            await blob.aclose()
+        published = await _published(self.source, url)
+        if published is not None and not await run_blocking(
+            self.lane, lambda: _digest_of(path, published)
+        ):
+            raise SourceError(
+                f"{url}: the copied bytes do not match the {published.algorithm} the store "
+                f"publishes ({published.where}); they were corrupted on the way: fetch again"
+            )
+        self.bytes += blob.size
+
+    async def _range(self, blob: Blob, fd: int, start: int, length: int) -> None:
+        async with self.gate:
+            buffer = memoryview(bytearray(length))
+            await blob.read_into(start, [buffer])
+            await run_blocking(self.lane, lambda: _pwrite_all(fd, buffer, start))
+
+
+def _check_arguments(src: object, dest: object) -> tuple[str, Path]:
+    if not isinstance(src, str) or not src.strip():
+        raise ConfigError(f"the source must be a non-empty URL or path, not {src!r}")
+    if not isinstance(dest, str | os.PathLike) or not os.fspath(dest):
+        raise ConfigError(f"the destination must be a non-empty folder path, not {dest!r}")
+    path = Path(os.fspath(dest))
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"the destination {path} exists and is not a folder")
+    return src, path
+
+
+async def copy_folder(
+    src: str,
+    dest: str | os.PathLike[str],
+    options: LoadOptions | None = None,
+    /,
+    **keywords: Unpack[LoadKeywords],
+) -> FolderCopy:
+    """Copy the model folder at ``src`` into the local folder ``dest`` (see the module).
+
+    Args:
+        src: a folder, index or ``.safetensors`` URL (any scheme a load reads).
+        dest: the local folder; made if missing; files already there are replaced.
+        options, keywords: what a load takes; concurrency, chunk_size, memory_limit
+            (reads in flight hold at most this many bytes), the http and s3 settings.
+
+    Raises:
+        ConfigError: a bad argument or option.
+        SourceError: the source could not be listed or read, a file changed mid-copy
+            or does not match its published checksum; ``dest`` is left as it was.
+    """
+    src, path = _check_arguments(src, dest)
+    built = LoadOptions.build(options, **keywords)
+    limits = built.limits
+    assert limits is not None
+    started = time.perf_counter()
+    lanes = Lanes(limits.concurrency)
+    source = source_for(src, lanes=lanes, http=built.http, s3=built.s3)
+    try:
+        copies = await files_to_copy(source, src)
+        lane = lanes.cache
+        lock = await run_blocking(lane, lambda: _lock_dest(path), os.close)
+        try:
+            partial = Path(
+                await run_blocking(lane, lambda: tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=path))
+            )
+            try:
+                slots = max(1, min(limits.concurrency, limits.staging_bytes // limits.chunk_size))
+                copier = _Copier(source, partial, lane, limits.chunk_size, slots)
+                await gather(copier.copy(url, name) for url, name in copies)
+                await run_blocking(lane, lambda: _move_into_place(partial, path, copies))
+            finally:
+                await run_blocking(lane, lambda: shutil.rmtree(partial, ignore_errors=True))
+        finally:
+            os.close(lock)
+    finally:
+        try:
+            await source.aclose()
+        finally:
+            lanes.close()
+    names = tuple(name for _, name in copies)
+    return FolderCopy(src, str(path), names, copier.bytes, time.perf_counter() - started)
+
+
+def _move_into_place(partial: Path, dest: Path, copies: Sequence[tuple[str, str]]) -> None:
+    """Rename each complete file to its final name (atomic per file), then sync DEST."""
+    for _, name in copies:
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(partial / name, target)
+    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

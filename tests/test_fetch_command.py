@@ -1,0 +1,295 @@
+"""``aioloader fetch SRC DEST`` (folder_copy.py), run as KServe's storage initializer is."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aioloader import ConfigError, ObjectChangedError, ReadError, SourceError
+from aioloader.folder_copy import PARTIAL_PREFIX, copy_folder
+
+from .helpers import random_tensors, some_big, write_sharded
+from .http_server import FaultyHttpServer
+from .s3_server import MotoS3Server
+
+CONFIGS = {
+    "config.json": b'{"model_type": "test"}',
+    "tokenizer.json": b'{"version": "1.0"}',
+    "tokenizer_config.json": b"{}",
+}
+
+
+def _model(folder: Path, seed: int = 0) -> dict[str, bytes]:
+    """A sharded model with config and tokenizer files; returns name -> bytes."""
+    write_sharded(folder, some_big(seed), shards=3)
+    for name, data in CONFIGS.items():
+        (folder / name).write_bytes(data)
+    return _files(folder)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def _fetch(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aioloader", "fetch", *args],
+        capture_output=True, text=True, timeout=120, check=False, **kwargs,
+    )  # fmt: skip
+
+
+def _no_partials(dest: Path) -> bool:
+    return not list(dest.glob(PARTIAL_PREFIX + "*"))
+
+
+def test_local_folder_through_the_command(tmp_path: Path) -> None:
+    want = _model(tmp_path / "src")
+    dest = tmp_path / "mnt" / "models"
+    out = _fetch(str(tmp_path / "src"), str(dest))
+    assert out.returncode == 0, out.stderr
+    assert _files(dest) == want and _no_partials(dest)
+    assert sorted(out.stdout.split()) == sorted(want)
+    assert "fetched 7 files" in out.stderr
+
+
+async def test_http_index_brings_shards_and_configs(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    want = _model(http_server.root / "m")
+    (http_server.root / "m" / "unrelated.bin").write_bytes(b"not named anywhere")
+    dest = tmp_path / "dest"
+    done = await copy_folder(
+        http_server.url_for("m/model.safetensors.index.json"), dest, concurrency=4,
+        chunk_size="256KiB",
+    )  # fmt: skip
+    assert _files(dest) == want  # no unrelated.bin: only what the index and names find
+    assert done.bytes == sum(len(b) for b in want.values())
+    # Concurrent range reads, as a load makes them.
+    assert len([h for h in http_server.request_headers if "Range" in h]) > 6
+
+
+async def test_s3_folder(tmp_path: Path, s3_env: MotoS3Server) -> None:
+    want = _model(tmp_path / "src", seed=2)
+    s3_env.create_bucket("fetch-folder")
+    s3_env.upload("fetch-folder", "org/model", tmp_path / "src")
+    dest = tmp_path / "dest"
+    await copy_folder("s3://fetch-folder/org/model/", dest, chunk_size="1MiB")
+    assert _files(dest) == want
+
+
+async def test_s3_published_checksum_mismatch_is_refused(
+    tmp_path: Path, s3_env: MotoS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _model(tmp_path / "src", seed=3)
+    s3_env.create_bucket("fetch-checksum")
+    s3_env.upload("fetch-checksum", "m", tmp_path / "src")
+    from aioloader.sources.s3.source import S3Source
+
+    async def lying(self: Any, url: str) -> dict[str, str]:
+        return {"x-amz-checksum-sha256": "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}
+
+    monkeypatch.setattr(S3Source, "object_checksums", lying)
+    dest = tmp_path / "dest"
+    with pytest.raises(SourceError, match="do not match the sha256"):
+        await copy_folder("s3://fetch-checksum/m/", dest)
+    assert _files(dest) == {}
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    pytest.importorskip("huggingface_hub")
+    from .hub_server import LocalHub
+
+    with LocalHub(tmp_path) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
+        yield server
+
+
+async def test_hf_snapshot(tmp_path: Path, hub: Any) -> None:
+    want = _model(tmp_path / "src", seed=4)
+    hub.commit("org/fetched", want)
+    dest = tmp_path / "dest"
+    await copy_folder("hf://org/fetched", dest)
+    assert _files(dest) == want
+
+
+# -- a lying server ----------------------------------------------------------------------
+
+
+async def test_truncated_body_fails_clean(tmp_path: Path, http_server: FaultyHttpServer) -> None:
+    _model(http_server.root)
+    http_server.short_body("model-00002-of-00003.safetensors", count=100)
+    dest = tmp_path / "dest"
+    with pytest.raises(ReadError, match="model-00002"):
+        await copy_folder(
+            http_server.url_for("model.safetensors.index.json"), dest, max_attempts=2,
+            backoff=0.01,
+        )  # fmt: skip
+    assert _files(dest) == {} and _no_partials(dest)
+
+
+async def test_changed_mid_copy_fails_clean(tmp_path: Path, http_server: FaultyHttpServer) -> None:
+    _model(http_server.root)
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / "keep.txt").write_text("was here before")
+    http_server.change_after("model-00001-of-00003.safetensors", requests=2)
+    with pytest.raises(ObjectChangedError):
+        await copy_folder(
+            http_server.url_for("model.safetensors.index.json"), tmp_path / "dest",
+            chunk_size="64KiB", concurrency=2,
+        )  # fmt: skip
+    assert _files(tmp_path / "dest") == {"keep.txt": b"was here before"}
+
+
+async def test_missing_shard_fails_clean(tmp_path: Path, http_server: FaultyHttpServer) -> None:
+    _model(http_server.root)
+    (http_server.root / "model-00003-of-00003.safetensors").unlink()
+    with pytest.raises(SourceError, match="model-00003"):
+        await copy_folder(http_server.url_for("model.safetensors.index.json"), tmp_path / "d")
+    assert _files(tmp_path / "d") == {}
+
+
+async def test_index_naming_a_file_outside_the_folder(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    (http_server.root / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"a": "../../etc/passwd.safetensors"}}'
+    )
+    with pytest.raises(aioloader_errors()):
+        await copy_folder(http_server.url_for("model.safetensors.index.json"), tmp_path / "d")
+    assert not (tmp_path / "etc").exists()
+
+
+def aioloader_errors() -> tuple[type[Exception], ...]:
+    from aioloader import FormatError
+
+    return (FormatError, SourceError)
+
+
+# -- bad arguments ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("src", "dest", "keywords", "match"),
+    [
+        (123, "d", {}, "source"),
+        ("", "d", {}, "source"),
+        ("   ", "d", {}, "source"),
+        ("m", "", {}, "destination"),
+        ("m", 3.5, {}, "destination"),
+        ("m", "d", {"concurrency": 0}, "concurrency"),
+        ("m", "d", {"chunk_size": "huge"}, "chunk_size"),
+        ("m", "d", {"concurency": 2}, "concurrency"),
+        ("ftp://host/model", "d", {}, "ftp"),
+    ],
+)
+async def test_bad_arguments(
+    tmp_path: Path, src: Any, dest: Any, keywords: dict[str, Any], match: str
+) -> None:
+    os.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    with pytest.raises(ConfigError, match=match):
+        await copy_folder(src, dest, **keywords)
+    assert not (tmp_path / "d").exists()
+
+
+async def test_dest_that_is_a_file(tmp_path: Path) -> None:
+    _model(tmp_path / "src")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="not a folder"):
+        await copy_folder(str(tmp_path / "src"), tmp_path / "file")
+
+
+async def test_empty_folder_and_huge_chunks(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="empty folder"):
+        await copy_folder(str(tmp_path / "empty"), tmp_path / "d1")
+    want = _model(tmp_path / "src")
+    (tmp_path / "src" / "empty.txt").write_bytes(b"")
+    await copy_folder(str(tmp_path / "src"), tmp_path / "d2", chunk_size="1GiB", concurrency=64)
+    assert _files(tmp_path / "d2") == {**want, "empty.txt": b""}
+
+
+def test_command_errors(tmp_path: Path) -> None:
+    out = _fetch(str(tmp_path / "nowhere"), str(tmp_path / "d"))
+    assert out.returncode == 1 and "aioloader: error:" in out.stderr
+    assert str(tmp_path / "nowhere") in out.stderr and "Traceback" not in out.stderr
+    assert _fetch().returncode == 2  # argparse: SRC and DEST are required
+
+
+# -- crashes and company ------------------------------------------------------------------
+
+
+def test_kill_9_mid_copy_leaves_no_half_file(tmp_path: Path, http_server: FaultyHttpServer) -> None:
+    want = _model(http_server.root, seed=5)
+    http_server.trickle("model-00002-of-00003.safetensors", bytes_per_second=20_000, count=1000)
+    dest = tmp_path / "dest"
+    url = http_server.url_for("model.safetensors.index.json")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "aioloader", "fetch", url, str(dest), "--chunk-size", "64KiB"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if list(dest.glob(PARTIAL_PREFIX + "*/*.safetensors")):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the copy never started")
+        time.sleep(0.5)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    # Nothing under a final name; only the partial folder the next copy removes.
+    assert [p.name for p in dest.iterdir() if not p.name.startswith(PARTIAL_PREFIX)] == []
+    http_server.clear_faults()
+    out = _fetch(url, str(dest))
+    assert out.returncode == 0, out.stderr
+    assert _files(dest) == {n: b for n, b in want.items()} and _no_partials(dest)
+
+
+def test_two_fetches_into_one_dest(tmp_path: Path) -> None:
+    want = _model(tmp_path / "src", seed=6)
+    dest = tmp_path / "dest"
+    args = [sys.executable, "-m", "aioloader", "fetch", str(tmp_path / "src"), str(dest)]
+    children = [
+        subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    for child in children:
+        _, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+        assert child.stderr is not None
+        child.stderr.close()
+    assert _files(dest) == want and _no_partials(dest)
+
+
+def test_small_model_bytes_identical(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    src = tmp_path / "src"
+    write_sharded(src, random_tensors(count=8), shards=2)
+    out = _fetch(str(src / "model.safetensors.index.json"), str(tmp_path / "dest"))
+    assert out.returncode == 0, out.stderr
+    for shard in src.glob("*.safetensors"):
+        got = load_file(str(tmp_path / "dest" / shard.name))
+        want = load_file(str(shard))
+        assert got.keys() == want.keys()
