@@ -18,6 +18,21 @@ def _lane_threads() -> list[str]:
 
 
 @pytest.fixture(autouse=True)
+def hf_home_of_its_own(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hf:// loads write the Hugging Face cache by default: never the machine's own (nor
+    another test's), and never with the machine's own login token. Tests that need
+    another set them after."""
+    home = tmp_path_factory.mktemp("hf-home")
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setenv("HF_TOKEN_PATH", str(home / "no-token"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
     """Every test leaves no thread of a lane and no file descriptor behind: each
     Loader, fetch and device closed the lanes it started."""
