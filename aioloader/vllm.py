@@ -11,8 +11,11 @@ the model (``model_weights`` where vLLM sets it): a local folder is read as such
 a URL (``hf://``, ``s3://``, ...) as it is, and a Hub repository id ``org/name``
 that is no local folder is streamed from the Hub as ``hf://org/name@revision``
 (vLLM itself fetches only the config and tokenizer, through huggingface_hub,
-which honours ``HF_ENDPOINT`` as the stream does). The keys are ``KEYS``; an
-unknown one fails at once, naming it.
+which honours ``HF_ENDPOINT`` as the stream does). An ``s3://``, ``gs://`` or
+``az://`` model is taken as ``--load-format runai_streamer`` takes it: vLLM fetches
+its config and tokenizer into a local folder and keeps the URL as
+``model_weights``, which is streamed. The keys are ``KEYS``; an unknown one fails
+at once, naming it.
 
 How the weights meet the model: vLLM's worker is synchronous and may own an event
 loop already, so the load runs on an event loop of its own, in a thread. Tensors
@@ -221,7 +224,37 @@ def register() -> None:
         from vllm.model_executor.model_loader import register_model_loader
 
         register_model_loader(LOAD_FORMAT)(_loader_class())
+        _let_object_storage_through()
         _registered = True
+
+
+def _let_object_storage_through() -> None:
+    """Let ``--load-format aioloader`` load an ``s3://``, ``gs://`` or ``az://`` model.
+
+    For such a model vLLM fetches the config and tokenizer into a local folder
+    (``ModelConfig.maybe_pull_model_tokenizer_for_runai``) and keeps the URL as
+    ``model_weights``, which this loader streams; but ``VllmConfig`` then refuses
+    every load format but runai's. Its check sees runai's name while ours is
+    checked, and nothing else changes: other formats go through as they were.
+    """
+    from vllm.config import VllmConfig
+
+    check = VllmConfig.try_verify_and_update_config
+    if getattr(check, "_aioloader", False):
+        return
+
+    def try_verify_and_update_config(self: Any) -> Any:
+        load = self.load_config
+        if load is None or load.load_format != LOAD_FORMAT:
+            return check(self)
+        load.load_format = "runai_streamer"
+        try:
+            return check(self)
+        finally:
+            load.load_format = LOAD_FORMAT
+
+    try_verify_and_update_config._aioloader = True  # type: ignore[attr-defined]
+    VllmConfig.try_verify_and_update_config = try_verify_and_update_config
 
 
 def _loader_class() -> type:
