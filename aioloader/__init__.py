@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from .api import (
     Loader,
+    LoaderStatistics,
     ModelInfo,
     StreamStatistics,
     TensorStream,
     inspect_model,
     load_model,
     load_model_sync,
+    wait_hf_cache,
 )
 from .cache import CachedModel, ModelCache
 from .config import HttpOptions, Limits, S3Options
@@ -37,6 +39,7 @@ from .errors import (
     SourceError,
     UnsupportedFormatError,
 )
+from .options import LoadOptions
 from .report import LoadReport
 from .rows import split_rows
 from .safetensors import FileHeader, TensorInfo
@@ -56,9 +59,11 @@ __all__ = [
     "HeaderError",
     "HttpOptions",
     "Limits",
+    "LoadOptions",
     "LoadReport",
     "Loader",
     "LoaderError",
+    "LoaderStatistics",
     "ModelCache",
     "ModelInfo",
     "NotFoundError",
@@ -77,4 +82,5 @@ __all__ = [
     "load_model",
     "load_model_sync",
     "split_rows",
+    "wait_hf_cache",
 ]

@@ -33,6 +33,7 @@ from .threads import Lanes
 __all__ = [
     "Loader",
     "LoaderStatistics",
+    "wait_hf_cache",
     "ModelInfo",
     "StreamStatistics",
     "TensorStream",
@@ -414,3 +415,15 @@ async def inspect_model(url: URL) -> ModelInfo:
     """Read the headers of a model (no tensor data): tensors, dtypes, metadata."""
     async with Loader() as loader:
         return await loader.inspect(url)
+
+
+async def wait_hf_cache(root: str | os.PathLike[str] | None = None) -> None:
+    """Wait for the Hugging Face cache writes that ``hf://`` loads in this process left
+    running after they returned (under ``root``; default the cache in use now).
+
+    A process that exits normally waits for them itself; call this to know the cache is
+    complete, e.g. before starting another tool on it offline.
+    """
+    from .sources.hf.cache_writes import wait_hf_cache as wait
+
+    await wait(None if root is None else os.fspath(root))
