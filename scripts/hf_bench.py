@@ -1,0 +1,241 @@
+#!/usr/bin/env python
+"""hf:// against the Hugging Face way, side by side in one run, on a local Hub.
+
+    python scripts/hf_bench.py [--size-mib 512] [--shards 4] [--repeat 3]
+
+A local Hub (tests/hub_server.py: the Hub's API on one port, its storage host on
+another, serving ranges) runs in a process of its own; every tool runs in a fresh
+process per measurement, in turn, each with an empty Hugging Face cache for the cold
+rows. Rows:
+
+* cold, to the loaded dict: aioloader ``load_model("hf://...")`` against
+  ``huggingface_hub.snapshot_download`` followed by ``safetensors.torch.load_file`` of
+  every shard; aioloader's time until its HF cache writes are committed too;
+* warm, from the cache both wrote: aioloader ``hf://`` (reading the HF cache), against
+  ``safetensors`` from the same snapshot folder, and aioloader on that folder as local
+  files (our local-file speed).
+
+Medians are printed with ratios to the row each is compared with; these machines are
+noisy, so read the ratios, not the absolute times. ``hf_transfer`` and ``hf_xet`` are
+used by huggingface_hub when installed and enabled; the script says whether they were.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPO = "bench/model"
+
+_HUB = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import torch
+    from safetensors.torch import save
+    sys.path.insert(0, sys.argv[1])
+    from tests.hub_server import LocalHub
+    root, size_mib, shards = Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    gen = torch.Generator().manual_seed(0)
+    per = size_mib * (1 << 20) // 4 // shards // 8
+    files, weight_map = {}, {}
+    for s in range(shards):
+        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        tensors = {f"layer.{s}.{i}": torch.randn(per, generator=gen) for i in range(8)}
+        files[name] = save(tensors)
+        weight_map.update({t: name for t in tensors})
+    files["model.safetensors.index.json"] = json.dumps({"weight_map": weight_map}).encode()
+    files["config.json"] = b'{"model_type": "bench"}'
+    hub = LocalHub(root).start()
+    hub.commit(sys.argv[5], files)
+    print(hub.url, flush=True)
+    sys.stdin.read()
+    hub.stop()
+    """
+)
+
+_TOOLS = {
+    "aioloader-cold": textwrap.dedent(
+        """
+        import asyncio, gc, json, sys, time
+        import torch  # before the clock, as the others do
+        import aioloader
+        gc.collect()
+        async def main():
+            start = time.perf_counter()
+            got = await aioloader.load_model(sys.argv[1])
+            loaded = time.perf_counter() - start
+            await aioloader.wait_hf_cache()
+            return loaded, time.perf_counter() - start, sum(t.nbytes for t in got.values())
+        loaded, committed, nbytes = asyncio.run(main())
+        print(json.dumps({"seconds": loaded, "committed": committed, "bytes": nbytes}))
+        """
+    ),
+    "snapshot-then-load": textwrap.dedent(
+        """
+        import gc, json, sys, time
+        from pathlib import Path
+        import torch
+        from huggingface_hub import snapshot_download
+        from safetensors.torch import load_file
+        gc.collect()
+        start = time.perf_counter()
+        folder = Path(snapshot_download(sys.argv[2]))
+        got = {}
+        for shard in sorted(folder.glob("*.safetensors")):
+            got.update(load_file(str(shard)))
+        seconds = time.perf_counter() - start
+        print(json.dumps({"seconds": seconds, "bytes": sum(t.nbytes for t in got.values())}))
+        """
+    ),
+    "aioloader-warm": textwrap.dedent(
+        """
+        import asyncio, gc, json, sys, time
+        import torch  # before the clock, as the others do
+        import aioloader
+        gc.collect()
+        start = time.perf_counter()
+        got = asyncio.run(aioloader.load_model(sys.argv[1]))
+        print(json.dumps({"seconds": time.perf_counter() - start,
+                          "bytes": sum(t.nbytes for t in got.values())}))
+        """
+    ),
+    "safetensors-warm": textwrap.dedent(
+        """
+        import gc, json, sys, time
+        from pathlib import Path
+        import torch
+        from huggingface_hub import snapshot_download
+        from safetensors.torch import load_file
+        folder = Path(snapshot_download(sys.argv[2], local_files_only=True))
+        gc.collect()
+        start = time.perf_counter()
+        got = {}
+        for shard in sorted(folder.glob("*.safetensors")):
+            got.update(load_file(str(shard)))
+        print(json.dumps({"seconds": time.perf_counter() - start,
+                          "bytes": sum(t.nbytes for t in got.values())}))
+        """
+    ),
+    "aioloader-local": textwrap.dedent(
+        """
+        import asyncio, gc, json, sys, time
+        from huggingface_hub import snapshot_download
+        import torch  # before the clock, as the others do
+        import aioloader
+        folder = snapshot_download(sys.argv[2], local_files_only=True)
+        gc.collect()
+        start = time.perf_counter()
+        got = asyncio.run(aioloader.load_model(folder))
+        print(json.dumps({"seconds": time.perf_counter() - start,
+                          "bytes": sum(t.nbytes for t in got.values())}))
+        """
+    ),
+}
+
+
+def _run(tool: str, env: dict[str, str]) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-c", _TOOLS[tool], f"hf://{REPO}", REPO],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"{tool} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=512)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hf-bench-") as tmp:
+        work = Path(tmp)
+        hub = subprocess.Popen(
+            [sys.executable, "-c", _HUB, str(ROOT), str(work / "hub"), str(args.size_mib),
+             str(args.shards), REPO],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert hub.stdout is not None
+        endpoint = hub.stdout.readline().strip()
+        base = {
+            **os.environ,
+            "HF_ENDPOINT": endpoint,
+            "HF_TOKEN_PATH": str(work / "no-token"),
+            "PYTHONPATH": str(ROOT),
+        }
+        base.pop("HF_TOKEN", None)
+        base.pop("HF_HUB_OFFLINE", None)
+        times: dict[str, list[float]] = {tool: [] for tool in _TOOLS}
+        committed: list[float] = []
+        nbytes = 0
+        try:
+            for round_ in range(args.repeat):
+                caches = {name: work / f"cache-{round_}-{name}" for name in ("ours", "theirs")}
+                cold = [("aioloader-cold", "ours"), ("snapshot-then-load", "theirs")]
+                for tool, cache in cold if round_ % 2 == 0 else cold[::-1]:
+                    env = {
+                        **base,
+                        "HF_HOME": str(caches[cache]),
+                        "HF_HUB_CACHE": str(caches[cache] / "hub"),
+                    }
+                    got = _run(tool, env)
+                    times[tool].append(got["seconds"])
+                    nbytes = int(got["bytes"])
+                    if "committed" in got:
+                        committed.append(got["committed"])
+                warm_env = {
+                    **base,
+                    "HF_HOME": str(caches["ours"]),
+                    "HF_HUB_CACHE": str(caches["ours"] / "hub"),
+                }
+                for tool in ("aioloader-warm", "safetensors-warm", "aioloader-local"):
+                    times[tool].append(_run(tool, warm_env)["seconds"])
+        finally:
+            assert hub.stdin is not None
+            hub.stdin.close()
+            hub.wait(timeout=30)
+    transfer = os.environ.get("HF_HUB_ENABLE_HF_TRANSFER", "") not in ("", "0")
+    try:
+        import hf_xet  # noqa: F401
+
+        xet = "installed (the local Hub serves plain HTTP, not Xet)"
+    except ImportError:
+        xet = "not installed"
+    print(f"model: {nbytes / (1 << 20):.0f} MiB in {args.shards} shards, {args.repeat} rounds")
+    print(f"hf_transfer: {'enabled' if transfer else 'not enabled'}; hf_xet: {xet}")
+    median = {tool: statistics.median(values) for tool, values in times.items()}
+    rows = [
+        ("cold: snapshot_download + load_file", "snapshot-then-load", "snapshot-then-load"),
+        ("cold: aioloader hf:// (dict)", "aioloader-cold", "snapshot-then-load"),
+        ("warm: safetensors from the snapshot", "safetensors-warm", "safetensors-warm"),
+        ("warm: aioloader hf:// (HF cache)", "aioloader-warm", "safetensors-warm"),
+        ("warm: aioloader on the snapshot folder", "aioloader-local", "safetensors-warm"),
+    ]
+    print(f"{'row':42} {'median s':>9} {'GB/s':>6} {'speed-up':>9}")
+    for label, tool, against in rows:
+        seconds = median[tool]
+        print(
+            f"{label:42} {seconds:9.2f} {nbytes / seconds / 1e9:6.2f} "
+            f"{median[against] / seconds:8.2f}x"
+        )
+    print(
+        f"{'cold: aioloader until its HF cache is written':42} {statistics.median(committed):9.2f}"
+    )
+    print(
+        "warm hf:// against aioloader on the folder: "
+        f"{median['aioloader-local'] / median['aioloader-warm']:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
