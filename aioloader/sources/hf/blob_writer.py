@@ -17,17 +17,17 @@ change between the check and the write.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...redact import redacting_logger
 from ..base import Blob, clip
 from .hf_cache import HfCache, sweep_temporaries, temporary_name
 
 __all__ = ["RecordingBlob", "write_blob"]
 
-logger = logging.getLogger(__name__)
+logger = redacting_logger(__name__)
 
 _CHUNK = 8 << 20
 

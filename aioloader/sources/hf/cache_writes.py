@@ -14,11 +14,11 @@ hub cache's folder; ``wait_hf_cache`` waits for it.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from ...cache import commit
+from ...redact import redacting_logger
 from ..base import Blob, Source
 from .blob_writer import Ranges, RecordingBlob, write_blob
 from .hf_cache import HfCache, cache_root
@@ -28,7 +28,7 @@ from .source import HfSource
 
 __all__ = ["HfCacheWrites", "is_small_file", "wait_hf_cache"]
 
-logger = logging.getLogger(__name__)
+logger = redacting_logger(__name__)
 
 # Weights in formats a safetensors load never reads: left to the tools that read them.
 _OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".gguf", ".ckpt", ".ot")

@@ -10,19 +10,19 @@ flight through the AdaptiveLimiter (see throttle.py).
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ...config import HttpOptions
 from ...errors import ReadError, ReadTimeoutError
+from ...redact import redacting_logger
 from ...throttle import AdaptiveLimiter, LimiterStatistics
 from .client import Pace
 
 __all__ = ["Retrier", "RetryableError", "backoff_delay", "keep_pace"]
 
-logger = logging.getLogger("aioloader")
+logger = redacting_logger(__name__)
 T = TypeVar("T")
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import logging
 import os
 import ssl
 import time
@@ -22,6 +21,7 @@ from urllib.parse import urlparse
 
 from ...config import S3Options
 from ...errors import ConfigError
+from ...redact import redacting_logger
 from ...threads import run_in
 from ..http.signer import reason_of
 
@@ -33,7 +33,7 @@ _CREDENTIAL_TTL = 60.0
 S3_NAMESPACE = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
-logger = logging.getLogger(__name__)
+logger = redacting_logger(__name__)
 
 # Said once per process: every S3 source of a process finds the same (missing) chain.
 _warned_unsigned = False
