@@ -5,6 +5,11 @@ Every acquire has its release in the same ``try``/``finally``, and a lock or a
 partial file that a thread opened after its caller was cancelled is closed
 again (``run_blocking``'s ``on_abandon``): a cancelled fetch (the daemon's
 DELETE, SIGTERM) leaves no lock held and no descriptor open.
+
+A fetch started while ``PACE`` holds a ``Pace`` (the daemon sets it in the task
+that fetches, around ``ModelCache.fetch``, whose fetch task inherits it) takes its
+bytes from it before each range read is issued, in reads of at most its
+``quantum``: that is how the daemon's bandwidth cap reaches the reads.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, Protocol
 
 from ..config import Limits
 from ..errors import CacheError, ConfigError
@@ -33,13 +39,25 @@ from .protocol import CacheProtocol
 from .ranges import split
 from .records import CachedModel
 
-__all__ = ["REMOTE_SCHEMES", "Progress", "fetch_model", "version_of"]
+__all__ = ["PACE", "REMOTE_SCHEMES", "Pace", "Progress", "fetch_model", "version_of"]
 
 logger = redacting_logger(__name__)
 
 Progress = Callable[[int, int], None]
 
 REMOTE_SCHEMES = frozenset({"http", "https", "s3", "gs", "az", "hf"})
+
+
+class Pace(Protocol):
+    """Paces the range reads of a fetch (the daemon's bandwidth cap)."""
+
+    quantum: int  # the largest read to issue at once
+
+    async def take(self, nbytes: int) -> None:
+        """Return when ``nbytes`` more may be requested."""
+
+
+PACE: ContextVar[Pace | None] = ContextVar("aioloader_fetch_pace", default=None)
 
 
 def version_of(blob: Blob) -> Version:
@@ -84,7 +102,10 @@ class Fetcher:
         self.exclude = exclude  # the entries of this fetch: never evicted to make room
         self.source = source
         self.executor = executor
+        self.pace = PACE.get()
         self.piece = limits.chunk_size
+        if self.pace is not None:
+            self.piece = min(self.piece, self.pace.quantum)
         self.limiter = asyncio.Semaphore(limits.concurrency)
         self.meter = meter
         self.free: list[bytearray] = []
@@ -226,6 +247,8 @@ class Fetcher:
 
     async def _copy(self, blob: Blob, partial: PartialFile, start: int, end: int) -> None:
         async with self.limiter:
+            if self.pace is not None:
+                await self.pace.take(end - start)
             buffer = self.free.pop() if self.free else bytearray(self.piece)
             try:
                 view = memoryview(buffer)[: end - start]

@@ -7,7 +7,8 @@ Routes::
                                naming each missing one: why, and when its next try is
     GET    /metrics            Prometheus text
     GET    /v1/models          every model with its status and progress
-    POST   /v1/models          {"url": ..., "id": optional} -> 202, download starts
+    POST   /v1/models          {"url": ..., "id": optional, "priority": optional}
+                               -> 202, download starts (higher priorities first)
     GET    /v1/models/{id}     one model
     DELETE /v1/models/{id}     cancel its download, drop it from the registry and cache
 
@@ -38,6 +39,7 @@ from ..sources.hf.url import parse_hf_url
 from .allow import AllowList
 from .downloads import Downloads
 from .metrics import CONTENT_TYPE, Metrics
+from .priority import check_priority
 from .state import ID_PATTERN, ModelRecord, Registry, display_url
 from .watch import CacheWatch
 
@@ -49,7 +51,8 @@ __all__ = ["DaemonState", "RequestError", "check_url", "make_app"]
 logger = redacting_logger(__name__)
 
 _SCHEMES = ("http", "https", "s3", "gs", "az", "hf")
-_FIELDS = {"url", "id"}
+_FIELDS = {"url", "id", "priority"}
+_SHAPE = '{"url": "...", "id": "optional", "priority": 0}'
 _MAX_URL = 4096
 MAX_BODY = 64 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -227,8 +230,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
         raise RequestError(
             413,
             "body_too_large",
-            f"the body is larger than {MAX_BODY // 1024} KiB; a request is "
-            '{"url": "...", "id": "optional"}',
+            f"the body is larger than {MAX_BODY // 1024} KiB; a request is " + _SHAPE,
         ) from None
     if not raw.strip():
         raise RequestError(400, "bad_json", 'the body is empty; send {"url": "..."}')
@@ -240,8 +242,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
         raise RequestError(
             400,
             "too_deep",
-            "the body nests arrays or objects too deeply; a request is a flat object: "
-            '{"url": "...", "id": "optional"}',
+            "the body nests arrays or objects too deeply; a request is a flat object: " + _SHAPE,
         ) from None
     if not isinstance(body, dict):
         raise RequestError(400, "bad_json", 'the body must be a JSON object: {"url": "..."}')
@@ -265,6 +266,12 @@ async def add_model(request: web.Request) -> web.Response:
         raise RequestError(
             400, "bad_id", "an id is 1-64 letters, digits, '.', '_' or '-', starting alphanumeric"
         )
+    priority = body.get("priority")
+    if priority is not None:
+        try:
+            priority = check_priority(priority)
+        except ConfigError as exc:
+            raise RequestError(400, "bad_priority", str(exc)) from None
     if state.stopping or not state.downloads.accepting:
         raise RequestError(503, "shutting_down", "the daemon is shutting down; try another node")
     existing = state.registry.find(url)
@@ -278,6 +285,8 @@ async def add_model(request: web.Request) -> web.Response:
         raise RequestError(
             409, "conflict", f"the id {model_id!r} already names another URL; pick another id"
         ) from None
+    if priority is not None:
+        record.priority = priority  # a queued download's place in line follows at once
     try:
         started = state.downloads.submit(record)
     except ClosedError:

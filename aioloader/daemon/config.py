@@ -15,9 +15,18 @@ from pathlib import Path
 from ..config import MAX_SECONDS, check_number, parse_size
 from ..errors import ConfigError
 from .allow import AllowList
+from .bandwidth import check_bandwidth
+from .priority import check_priority
 from .retry import DEFAULT_RETRY_BACKOFF, DEFAULT_RETRY_BACKOFF_MAX, Backoff
 
-__all__ = ["DaemonConfig", "add_arguments", "config_from_args", "default_cache_dir"]
+__all__ = [
+    "DaemonConfig",
+    "add_arguments",
+    "config_from_args",
+    "default_cache_dir",
+    "parse_bandwidth",
+    "parse_preload",
+]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8790
@@ -41,11 +50,14 @@ class DaemonConfig:
         cache_dir: the node-local cache it fills.
         max_cache_bytes: the cache's size limit (None: no limit).
         models: URLs to preload at startup and keep in the cache.
+        priorities: (URL, priority) of the preloads whose priority is not 0.
         token: the bearer token /v1/* requests must carry (None: no check).
         allow_prefixes: URLs must lie under one of these, compared as parsed URLs
             segment by segment (empty: any URL); see allow.py.
         concurrency: reads in flight per download (None: the cache's default).
-        max_downloads: models downloading at once; the rest wait as ``queued``.
+        max_downloads: models downloading at once; the rest wait as ``queued``
+            and start highest priority first.
+        max_bandwidth: bytes per second all downloads share (0: no cap).
         grace_period: seconds from SIGTERM to exit.
         retry_backoff: seconds before a failed preload is tried again; doubles
             after each failure in a row (with jitter), up to ``retry_backoff_max``.
@@ -56,10 +68,12 @@ class DaemonConfig:
     cache_dir: Path = Path(".")
     max_cache_bytes: int | None = None
     models: tuple[str, ...] = ()
+    priorities: tuple[tuple[str, int], ...] = ()
     token: str | None = None
     allow_prefixes: tuple[str, ...] = ()
     concurrency: int | None = None
     max_downloads: int = DEFAULT_MAX_DOWNLOADS
+    max_bandwidth: int = 0
     grace_period: float = DEFAULT_GRACE_PERIOD
     retry_backoff: float = DEFAULT_RETRY_BACKOFF
     retry_backoff_max: float = DEFAULT_RETRY_BACKOFF_MAX
@@ -69,6 +83,9 @@ class DaemonConfig:
         if self.concurrency is not None:
             check_number("concurrency", self.concurrency, integer=True, positive=True)
         check_number("max downloads", self.max_downloads, integer=True, positive=True)
+        check_bandwidth(self.max_bandwidth, "max bandwidth (--max-bandwidth)")
+        for url, priority in self.priorities:
+            check_priority(priority, f"the priority of {url}")
         check_number("grace period", self.grace_period, maximum=MAX_SECONDS)
         if self.max_cache_bytes is not None:
             check_number("max cache bytes", self.max_cache_bytes, integer=True, positive=True)
@@ -88,7 +105,8 @@ class DaemonConfig:
             f"cache_dir={str(self.cache_dir)!r}, "
             f"max_cache_bytes={self.max_cache_bytes}, models={len(self.models)}, token={token}, "
             f"allow_prefixes={self.allow_prefixes}, concurrency={self.concurrency}, "
-            f"max_downloads={self.max_downloads}, grace_period={self.grace_period}, "
+            f"max_downloads={self.max_downloads}, max_bandwidth={self.max_bandwidth}, "
+            f"priorities={len(self.priorities)}, grace_period={self.grace_period}, "
             f"retry_backoff={self.retry_backoff}, retry_backoff_max={self.retry_backoff_max})"
         )
 
@@ -101,7 +119,16 @@ _OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--max-cache-bytes", "AIOLOADER_MAX_CACHE_BYTES", "cache size limit, e.g. 200GiB"),
     ("--token", "AIOLOADER_TOKEN", "bearer token required on /v1/* (prefer the env var)"),
     ("--concurrency", "AIOLOADER_CONCURRENCY", "reads in flight per download"),
-    ("--max-downloads", "AIOLOADER_MAX_DOWNLOADS", "models downloading at once (default 2)"),
+    (
+        "--max-downloads",
+        "AIOLOADER_MAX_DOWNLOADS",
+        "models downloading at once, highest priority first (default 2)",
+    ),
+    (
+        "--max-bandwidth",
+        "AIOLOADER_MAX_BANDWIDTH",
+        "bytes per second all downloads share, e.g. 500MB/s (default 0: no cap)",
+    ),
     ("--grace-period", "AIOLOADER_GRACE_PERIOD", "seconds from SIGTERM to exit (default 25)"),
     (
         "--retry-backoff",
@@ -125,8 +152,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         action="append",
         metavar="URL",
-        help="preload this model and keep it cached (repeatable) "
-        "[AIOLOADER_MODELS, comma-separated]",
+        help="preload this model and keep it cached (repeatable); 'URL priority=N' downloads "
+        "it before lower priorities (default 0) [AIOLOADER_MODELS, comma-separated]",
     )
     parser.add_argument(
         "--allow-prefix",
@@ -150,6 +177,42 @@ def _number(value: str | None, kind: type[int] | type[float], what: str) -> int 
         raise ConfigError(f"{what} must be a number, got {value!r}") from None
 
 
+def parse_bandwidth(value: str, what: str) -> int:
+    """``500MB/s``, ``2GiB/s``, ``1048576``: bytes per second (``/s`` may be left out).
+
+    Raises:
+        ConfigError: naming ``what``: not a size, or outside the bounds of bandwidth.py.
+    """
+    text = value.strip()
+    if text.lower().endswith("/s"):
+        text = text[:-2]
+    return check_bandwidth(parse_size(text, what=what), what)
+
+
+def parse_preload(value: str, what: str) -> tuple[str, int]:
+    """``URL`` or ``URL priority=N`` (a URL holds no space) as (URL, priority).
+
+    Raises:
+        ConfigError: naming ``what`` and the URL: an unknown key, or a priority that
+            is not an integer or is out of range.
+    """
+    url, *rest = value.split()
+    what = f"{what} {url!r:.80}"
+    priority = 0
+    for item in rest:
+        key, sep, number = item.partition("=")
+        if key != "priority" or not sep:
+            raise ConfigError(
+                f"{what}: cannot read {item!r:.40} after the URL; write 'URL priority=N'"
+            )
+        try:
+            priority = int(number)
+        except ValueError:
+            raise ConfigError(f"{what}: priority must be an integer, got {number!r:.40}") from None
+        check_priority(priority, f"{what}: priority")
+    return url, priority
+
+
 def config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> DaemonConfig:
@@ -165,6 +228,18 @@ def config_from_args(
 
     models: Sequence[str] = args.model or _split(environ.get("AIOLOADER_MODELS"))
     prefixes: Sequence[str] = args.allow_prefix or _split(environ.get("AIOLOADER_ALLOW_PREFIXES"))
+    where = "--model" if args.model else "AIOLOADER_MODELS"
+    preloads: dict[str, int] = {}
+    for text in models:
+        if text.strip():
+            url, priority = parse_preload(text, where)
+            preloads.setdefault(url, priority)  # a URL given twice keeps its first entry
+    bandwidth = pick("max_bandwidth", "AIOLOADER_MAX_BANDWIDTH")
+    bandwidth_what = (
+        "--max-bandwidth"
+        if getattr(args, "max_bandwidth", None) is not None
+        else "AIOLOADER_MAX_BANDWIDTH"
+    )
     max_bytes = pick("max_cache_bytes", "AIOLOADER_MAX_CACHE_BYTES")
     cache_dir = pick("cache_dir", "AIOLOADER_CACHE_DIR")
     port = _number(pick("port", "AIOLOADER_PORT"), int, "port")
@@ -180,11 +255,13 @@ def config_from_args(
         port=int(port) if port is not None else DEFAULT_PORT,
         cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(environ),
         max_cache_bytes=parse_size(max_bytes, what="max cache bytes") if max_bytes else None,
-        models=tuple(dict.fromkeys(m.strip() for m in models if m.strip())),
+        models=tuple(preloads),
+        priorities=tuple((url, p) for url, p in preloads.items() if p),
         token=pick("token", "AIOLOADER_TOKEN") or None,
         allow_prefixes=tuple(prefixes),
         concurrency=int(concurrency) if concurrency is not None else None,
         max_downloads=int(downloads) if downloads is not None else DEFAULT_MAX_DOWNLOADS,
+        max_bandwidth=parse_bandwidth(bandwidth, bandwidth_what) if bandwidth else 0,
         grace_period=float(grace) if grace is not None else DEFAULT_GRACE_PERIOD,
         retry_backoff=float(backoff) if backoff is not None else DEFAULT_RETRY_BACKOFF,
         retry_backoff_max=(

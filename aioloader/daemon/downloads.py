@@ -17,6 +17,11 @@ policy for that fetch (``AllowList.for_fetch``) as ``url_policy``, called on eac
 URL the source is about to request: the model's, each shard's and each redirect
 target's. A refused URL fails the model with
 ``UrlNotAllowedError``, the URL named with its secrets redacted.
+
+Sharing the node: at most ``max_downloads`` models download at once, and the
+waiting ones start highest ``priority`` first (priority.py); given a
+``Bandwidth`` (``--max-bandwidth``), every fetch takes its bytes from it, at
+its model's priority (bandwidth.py).
 """
 
 from __future__ import annotations
@@ -28,11 +33,14 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from ..cache.fetch import PACE
 from ..config import HttpOptions
 from ..errors import ClosedError
 from ..redact import redacting_logger
 from .allow import AllowList
+from .bandwidth import Bandwidth
 from .metrics import Metrics
+from .priority import PriorityGate
 from .retry import Backoff
 from .state import ModelRecord, Registry, display_url
 
@@ -59,12 +67,14 @@ class Downloads:
         registry: where each model's progress and outcome are recorded.
         metrics: counters to update.
         concurrency: reads in flight per download (None: the cache's default).
-        max_downloads: models downloading at once; the others wait as ``queued``.
+        max_downloads: models downloading at once; the others wait as ``queued``
+            and start highest ``priority`` first.
         http: options of every fetch.
         allow: the URLs a fetch may request (None or empty: any).
         after_fetch: awaited after each fetch that reached the cache, before its
             model is marked ready (the fetch may have evicted other models' files).
         backoff: delays between the tries of a failed preload (None: no retries).
+        bandwidth: the cap all fetches share (None: no cap).
 
     Use as ``async with Downloads(...) as downloads:`` inside the server's task.
     """
@@ -81,6 +91,7 @@ class Downloads:
         allow: AllowList | None = None,
         after_fetch: Callable[[], Awaitable[None]] | None = None,
         backoff: Backoff | None = None,
+        bandwidth: Bandwidth | None = None,
     ) -> None:
         self._cache = cache
         self._registry = registry
@@ -91,7 +102,8 @@ class Downloads:
         self._after_fetch = after_fetch
         self._backoff = backoff
         self._wake: dict[str, asyncio.Event] = {}  # preloads waiting for their next try
-        self._slots = asyncio.Semaphore(max_downloads)
+        self._bandwidth = bandwidth
+        self._slots = PriorityGate(max_downloads)
         self._group = asyncio.TaskGroup()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._open = False
@@ -102,7 +114,7 @@ class Downloads:
         return f"<Downloads {state} running={len(self._tasks)}>"
 
     def statistics(self) -> dict[str, int]:
-        return {"tasks": len(self._tasks)}
+        return {"tasks": len(self._tasks), "waiting": self._slots.waiting}
 
     async def __aenter__(self) -> Downloads:
         await self._group.__aenter__()
@@ -180,7 +192,7 @@ class Downloads:
     async def _fetch(self, record: ModelRecord) -> None:
         try:
             while True:
-                async with self._slots:
+                async with self._slots.slot(lambda: record.priority):
                     if await self._fetch_now(record):
                         return
                 if self._backoff is None or not record.preload or self._closed:
@@ -224,6 +236,9 @@ class Downloads:
             seen = done
 
         outcome = "error"
+        paced = self._bandwidth.paced(lambda: record.priority) if self._bandwidth else None
+        # ModelCache.fetch runs the fetch in a task of its own, which inherits this.
+        pace_token = PACE.set(paced)
         try:
             http = self._http
             if self._allow:
@@ -271,6 +286,7 @@ class Downloads:
             )
             return True
         finally:
+            PACE.reset(pace_token)
             metrics.in_flight.dec()
             metrics.load_seconds.labels(outcome=outcome).observe(time.monotonic() - started)
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .bandwidth import Bandwidth
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -39,9 +42,14 @@ class Metrics:
     Args:
         cache_statistics: called at each scrape; a mapping (or object) whose
             ``evictions`` field, if any, is exported as a counter.
+        bandwidth: the daemon's bandwidth cap (None: no cap), read at each scrape.
     """
 
-    def __init__(self, cache_statistics: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        cache_statistics: Callable[[], Any] | None = None,
+        bandwidth: Bandwidth | None = None,
+    ) -> None:
         pc = _prometheus()
         self.registry = pc.CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -90,7 +98,39 @@ class Metrics:
         ).set_function(self._throughput)
         self._cache_statistics = cache_statistics
         self._evictions = 0
-        r.register(_EvictionCollector(pc, self._read_evictions))
+        r.register(
+            _ScrapedCounter(
+                "aioloader_daemon_cache_evictions", _EVICTIONS_HELP, self._read_evictions
+            )
+        )
+        pc.Gauge(
+            "aioloader_daemon_max_bandwidth_bytes_per_second",
+            "The daemon's bandwidth cap shared by all its downloads (--max-bandwidth; 0: none)",
+            registry=r,
+        ).set(bandwidth.rate if bandwidth else 0)
+        self._bandwidth = bandwidth
+        r.register(
+            self._cap_counter(
+                "aioloader_daemon_throttled_bytes",
+                "Bytes whose read waited for the bandwidth cap",
+                "throttled_bytes",
+            )
+        )
+        r.register(
+            self._cap_counter(
+                "aioloader_daemon_throttle_wait_seconds",
+                "Seconds reads waited for the bandwidth cap, summed over reads",
+                "waited_seconds",
+            )
+        )
+
+    def _cap_counter(self, name: str, text: str, attribute: str) -> _ScrapedCounter:
+        def read() -> float:
+            if self._bandwidth is None:
+                return 0.0
+            return float(getattr(self._bandwidth.statistics(), attribute))
+
+        return _ScrapedCounter(name, text, read)
 
     def progressed(self, nbytes: int) -> None:
         """``nbytes`` more of some model are in the cache (never awaits)."""
@@ -131,20 +171,22 @@ class Metrics:
         return float(self._evictions)
 
 
-class _EvictionCollector:
-    """Reads the cache's eviction count at each scrape (the cache keeps the count)."""
+class _ScrapedCounter:
+    """A counter read at each scrape from whoever keeps the count (the cache, the cap)."""
 
-    def __init__(self, pc: Any, read: Callable[[], float]) -> None:
+    def __init__(self, name: str, text: str, read: Callable[[], float]) -> None:
         from prometheus_client.core import CounterMetricFamily
 
         self._family = CounterMetricFamily
+        self._name = name
+        self._text = text
         self._read = read
 
     def describe(self) -> list[Any]:
-        return [self._family("aioloader_daemon_cache_evictions", _EVICTIONS_HELP)]
+        return [self._family(self._name, self._text)]
 
     def collect(self) -> list[Any]:
-        family = self._family("aioloader_daemon_cache_evictions", _EVICTIONS_HELP)
+        family = self._family(self._name, self._text)
         family.add_metric([], self._read())
         return [family]
 

@@ -123,6 +123,7 @@ class Server:
 
         from .allow import AllowList
         from .app import DaemonState, RequestError, check_url, make_app
+        from .bandwidth import Bandwidth
         from .downloads import Downloads
         from .metrics import Metrics
         from .state import Registry, display_url
@@ -138,7 +139,8 @@ class Server:
         with Lane("startup", 1) as lane:
             await run_blocking(lane, lambda: _check_writable(config.cache_dir))
         cache = _open_cache(config)
-        metrics = Metrics(getattr(cache, "statistics", None))
+        bandwidth = Bandwidth(config.max_bandwidth) if config.max_bandwidth else None
+        metrics = Metrics(getattr(cache, "statistics", None), bandwidth)
         registry = Registry()
         async with (
             CacheWatch(cache, registry, metrics) as watch,
@@ -151,6 +153,7 @@ class Server:
                 allow=allow,
                 after_fetch=watch.refresh,
                 backoff=config.backoff,
+                bandwidth=bandwidth,
             ) as downloads,
         ):
             state = DaemonState(
@@ -180,8 +183,14 @@ class Server:
                     ) from exc
                 self.port = runner.addresses[0][1] if runner.addresses else config.port
                 logger.info("listening on http://%s:%s (%r)", config.host, self.port, config)
-                for url in config.models:
-                    downloads.submit(registry.add(url, preload=True))
+                priorities = dict(config.priorities)
+                preloads = [
+                    registry.add(url, preload=True, priority=priorities.get(url, 0))
+                    for url in config.models
+                ]
+                # Submitted highest first, so the first free slots go to them too.
+                for record in sorted(preloads, key=lambda r: -r.priority):
+                    downloads.submit(record)
                 await self._exit.wait()
                 state.stopping = True
                 downloads.close()

@@ -28,7 +28,7 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 _READY_FIELDS = (
     "id", "url", "status", "bytes_done", "bytes_total", "progress", "error", "error_kind",
-    "failures", "next_try", "next_try_in",
+    "failures", "next_try", "next_try_in", "priority",
 )  # fmt: skip
 _MODEL_FILES = (".safetensors.index.json", ".safetensors")
 
@@ -67,6 +67,7 @@ class ModelRecord:
     path: str | None = None
     files: tuple[str, ...] = ()
     preload: bool = False
+    priority: int = 0  # higher downloads first (priority.py)
     failures: int = 0  # tries that failed in a row
     next_try: float | None = None  # when a failed preload is tried again (time.time())
     created: float = field(default_factory=time.time)
@@ -92,6 +93,7 @@ class ModelRecord:
             "path": self.path,
             "files": len(self.files),
             "preload": self.preload,
+            "priority": self.priority,
             "created": self.created,
             "started": self.started,
             "finished": self.finished,
@@ -170,8 +172,10 @@ class Registry:
             counts[record.status] = counts.get(record.status, 0) + 1
         return f"<Registry {counts}>"
 
-    def add(self, url: str, model_id: str | None = None, *, preload: bool = False) -> ModelRecord:
-        """The record of ``url``, created if new.
+    def add(
+        self, url: str, model_id: str | None = None, *, preload: bool = False, priority: int = 0
+    ) -> ModelRecord:
+        """The record of ``url``, created if new (a known one keeps its priority).
 
         Raises:
             KeyError: ``model_id`` already names another URL.
@@ -182,7 +186,7 @@ class Registry:
         model_id = model_id or model_id_for(url)
         if model_id in self._by_id:
             raise KeyError(model_id)
-        record = ModelRecord(id=model_id, url=url, preload=preload)
+        record = ModelRecord(id=model_id, url=url, preload=preload, priority=priority)
         self._by_id[model_id] = record
         self._by_url[url] = model_id
         return record
