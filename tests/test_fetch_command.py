@@ -293,3 +293,78 @@ def test_small_model_bytes_identical(tmp_path: Path) -> None:
         got = load_file(str(tmp_path / "dest" / shard.name))
         want = load_file(str(shard))
         assert got.keys() == want.keys()
+
+
+# -- Cloud Storage and Azure Blob, through the command -------------------------------------
+
+
+def _assert_fetched(
+    out: subprocess.CompletedProcess[str], dest: Path, want: dict[str, bytes]
+) -> None:
+    """Every file byte for byte, every tensor of every shard bit for bit."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load, load_file
+
+    assert out.returncode == 0, out.stderr
+    assert _files(dest) == want and _no_partials(dest)
+    assert sorted(out.stdout.split()) == sorted(want)
+    shards = [n for n in want if n.endswith(".safetensors")]
+    assert len(shards) == 3
+    for name in shards:
+        got, expected = load_file(str(dest / name)), load(want[name])
+        assert got.keys() == expected.keys()
+        for key, tensor in expected.items():
+            assert got[key].dtype == tensor.dtype and got[key].shape == tensor.shape
+            bits = [t.reshape(-1).view(torch.uint8) for t in (got[key], tensor)]
+            assert torch.equal(*bits), key
+
+
+@pytest.fixture(scope="module")
+def gcs_emulator() -> Iterator[Any]:
+    pytest.importorskip("gcp_storage_emulator")
+    from .gcs_server import GcsEmulator
+
+    with GcsEmulator() as server:
+        yield server
+
+
+def test_gcs_folder_through_the_command(
+    tmp_path: Path, gcs_emulator: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
+    want = _model(tmp_path / "src", seed=7)
+    gcs_emulator.upload("fetch-gcs", "org/model", tmp_path / "src")
+    gcs_emulator.put("fetch-gcs", "org/other/config.json", b"{}")  # a sibling: not copied
+    dest = tmp_path / "mnt" / "models"
+    out = _fetch("gs://fetch-gcs/org/model/", str(dest), "--chunk-size", "256KiB")
+    _assert_fetched(out, dest, want)
+    assert "fetched 7 files" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def azurite_server() -> Iterator[Any]:
+    pytest.importorskip("azure.storage.blob")
+    from .azure_server import AZURITE, AzuriteServer
+
+    if not AZURITE.exists():
+        pytest.skip("no Azurite (run scripts/azurite_setup.sh)")
+    with AzuriteServer() as server:
+        yield server
+
+
+def test_azure_folder_through_the_command(
+    tmp_path: Path, azurite_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in (
+        "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_ACCOUNT_NAME",
+    ):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite_server.connection_string)
+    want = _model(tmp_path / "src", seed=8)
+    azurite_server.upload("fetch-azure", "org/model", tmp_path / "src")
+    azurite_server.upload("fetch-azure", "org/model-b", tmp_path / "src")  # a sibling prefix
+    dest = tmp_path / "mnt" / "models"
+    out = _fetch("az://fetch-azure/org/model/", str(dest), "--chunk-size", "256KiB")
+    _assert_fetched(out, dest, want)
+    assert "fetched 7 files" in out.stderr
