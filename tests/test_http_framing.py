@@ -12,8 +12,6 @@ import asyncio
 import re
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import pytest
 
@@ -22,6 +20,7 @@ from aioloader.sources.http.client import WireError, content_length
 from aioloader.sources.http.rules import PROBE_SIZE
 
 from .helpers import assert_matches_files, some_big, write_file
+from .socket_server import SocketServer
 
 Quirk = Callable[[int, int, bytes], bytes]
 """(first byte, last byte, body) of one range GET -> the exact bytes to answer with."""
@@ -39,7 +38,7 @@ def head(first: int, last: int, size: int, *extra: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-class RawServer:
+class RawServer(SocketServer):
     """Serves ``data`` to range GETs on 127.0.0.1; a GET from byte ``from_byte`` on (by
     default past the probe: one the direct client makes) is answered with what ``quirk``
     writes.
@@ -55,60 +54,36 @@ class RawServer:
         claimed_size: int = 0,
         from_byte: int = PROBE_SIZE,
     ) -> None:
+        super().__init__()
         self.data = data
         self.quirk = quirk
         self.from_byte = from_byte
         self.claimed_size = claimed_size or len(data)
         self.ranges: list[tuple[int, int]] = []
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
-        self.port = 0
-
-    async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        assert self._server is not None
-        self._server.close()
-        for handler in self._handlers:
-            handler.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        await self._server.wait_closed()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/model.safetensors"
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            while True:
-                try:
-                    request = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                match = re.search(r"(?im)^range: bytes=(\d+)-(\d+)\r$", request)
-                assert match is not None, request
-                first = int(match.group(1))
-                last = min(int(match.group(2)), len(self.data) - 1)
-                self.ranges.append((first, last))
-                body = self.data[first : last + 1]
-                if self.quirk is not None and first >= self.from_byte:
-                    answer = self.quirk(first, last, body)
-                else:
-                    length = f"Content-Length: {len(body)}"
-                    answer = head(first, last, self.claimed_size, length) + body
-                writer.write(answer)
-                await writer.drain()
-        finally:
-            self._handlers.discard(task)
-            writer.close()
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                request = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            match = re.search(r"(?im)^range: bytes=(\d+)-(\d+)\r$", request)
+            assert match is not None, request
+            first = int(match.group(1))
+            last = min(int(match.group(2)), len(self.data) - 1)
+            self.ranges.append((first, last))
+            body = self.data[first : last + 1]
+            if self.quirk is not None and first >= self.from_byte:
+                answer = self.quirk(first, last, body)
+            else:
+                length = f"Content-Length: {len(body)}"
+                answer = head(first, last, self.claimed_size, length) + body
+            writer.write(answer)
+            await writer.drain()
 
 
 @pytest.fixture

@@ -9,62 +9,38 @@ that answers every GET with one such document.
 from __future__ import annotations
 
 import asyncio
-from types import TracebackType
-from typing import Self
 
 import pytest
 
 from aioloader import S3Options, SourceError, load_model
 
+from .socket_server import SocketServer
+
 HTML = b"<html><body>Please log in</body></html"
 
 
-class DocServer:
+class DocServer(SocketServer):
     """Answers every GET with ``200`` and ``body``, and records the paths asked for."""
 
     def __init__(self, body: bytes) -> None:
+        super().__init__()
         self.body = body
         self.paths: list[str] = []
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        assert self._server is not None
-        self._server.close()
-        for handler in self._handlers:
-            handler.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        await self._server.wait_closed()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            while True:
-                try:
-                    request = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                self.paths.append(request.split()[1].decode())
-                head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(self.body)}\r\n\r\n"
-                writer.write(head.encode() + self.body)
-                await writer.drain()
-        finally:
-            self._handlers.discard(task)
-            writer.close()
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                request = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            self.paths.append(request.split()[1].decode())
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(self.body)}\r\n\r\n"
+            writer.write(head.encode() + self.body)
+            await writer.drain()
 
 
 GCS_METADATA = [

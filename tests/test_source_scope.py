@@ -18,8 +18,6 @@ import ssl
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import pytest
 from safetensors.torch import load_file
@@ -28,6 +26,7 @@ from aioloader.sources.auto import store_of
 
 from .helpers import assert_matches_files, some_big, write_file
 from .http_server import FaultyHttpServer
+from .socket_server import SocketServer
 
 ACCOUNT = "devstoreaccount1"
 AZURE_HOST = f"{ACCOUNT}.blob.core.windows.net"
@@ -114,36 +113,16 @@ def _certificates(folder: Path) -> tuple[Path, ssl.SSLContext]:
     return ca_file, context
 
 
-class ConnectProxy:
+class ConnectProxy(SocketServer):
     """An HTTP CONNECT proxy on 127.0.0.1 that sends each ``host:port`` in ``routes`` to
     the local port given there, and refuses every other target."""
 
     def __init__(self, routes: dict[str, int]) -> None:
+        super().__init__()
         self.routes = routes
         self.targets: list[str] = []
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
 
-    async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        assert self._server is not None
-        self._server.close()
-        for handler in self._handlers:
-            handler.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: asyncio.StreamWriter | None = None
         try:
             request = await reader.readuntil(b"\r\n\r\n")
@@ -159,10 +138,8 @@ class ConnectProxy:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
-            self._handlers.discard(task)
             if upstream is not None:
                 upstream.close()
-            writer.close()
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
