@@ -3,8 +3,10 @@
 
     python scripts/hf_bench.py [--size-mib 512] [--shards 4] [--repeat 3]
 
-A local Hub (tests/hub_server.py: the Hub's API on one port, its storage host on
-another, serving ranges) runs in a process of its own; every tool runs in a fresh
+A local Hub (tests/hub_server.py: the Hub's API on one port) runs in a process of
+its own, and redirects to a storage host serving ranges: nginx over the blobs
+(``--storage nginx``, the default, as the HTTP scenarios of scripts/bench.py use),
+or the test suite's single-process Python server (``--storage python``); every tool runs in a fresh
 process per measurement, in turn, each with an empty Hugging Face cache for the cold
 rows. Rows:
 
@@ -58,9 +60,26 @@ _HUB = textwrap.dedent(
     files["config.json"] = b'{"model_type": "bench"}'
     hub = LocalHub(root).start()
     hub.commit(sys.argv[5], files)
+    stopping = []
+    if sys.argv[6] == "nginx":  # the storage host: nginx over the same blobs, not Python
+        sys.path.insert(0, str(Path(sys.argv[1]) / "scripts"))
+        from bench.nginx import nginx_server
+        served = nginx_server(root / "hub-storage")
+        url = served.__enter__()
+        stopping.append(served)
+        python_storage = hub.storage
+
+        class Storage:
+            def stop(self):
+                python_storage.stop()
+
+        Storage.url = url
+        hub.storage = Storage()
     print(hub.url, flush=True)
     sys.stdin.read()
     hub.stop()
+    for served in stopping:
+        served.__exit__(None, None, None)
     """
 )
 
@@ -172,12 +191,19 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=512)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--storage",
+        choices=("nginx", "python"),
+        default="nginx",
+        help="what serves the blobs the Hub redirects to (default nginx, installed with "
+        "apt-get install nginx; python: the test suite's single-process server)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hf-bench-") as tmp:
         work = Path(tmp)
         hub = subprocess.Popen(
             [sys.executable, "-c", _HUB, str(ROOT), str(work / "hub"), str(args.size_mib),
-             str(args.shards), REPO],
+             str(args.shards), REPO, args.storage],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert hub.stdout is not None
@@ -226,7 +252,10 @@ def main() -> None:
         xet = "installed (the local Hub serves plain HTTP, not Xet)"
     except ImportError:
         xet = "not installed"
-    print(f"model: {nbytes / (1 << 20):.0f} MiB in {args.shards} shards, {args.repeat} rounds")
+    print(
+        f"model: {nbytes / (1 << 20):.0f} MiB in {args.shards} shards, {args.repeat} rounds, "
+        f"storage host: {args.storage}"
+    )
     print(f"hf_transfer: {'enabled' if transfer else 'not enabled'}; hf_xet: {xet}")
     median = {tool: statistics.median(values) for tool, values in times.items()}
     rows = [
