@@ -20,6 +20,7 @@ its own ``request_headers``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import threading
 from dataclasses import dataclass, field
@@ -59,8 +60,17 @@ def _is_lfs(path: str) -> bool:
     return path.endswith(".safetensors")
 
 
+# Digests of a file's bytes, computed once per bytes object: the Hub publishes them
+# with every listing and download (precomputed there), and hashing a GiB on every
+# request would make this Hub, not the client, what a benchmark measures.
+@functools.cache
 def _git_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@functools.cache
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 class LocalHub:
@@ -286,7 +296,7 @@ class LocalHub:
             return _error(404, "EntryNotFound", f"{path} does not exist")
         headers = {"X-Repo-Commit": sha, "ETag": f'"{_git_oid(data)}"', "Accept-Ranges": "bytes"}
         if _is_lfs(path):
-            digest = hashlib.sha256(data).hexdigest()
+            digest = _sha256(data)
             headers |= {
                 "X-Linked-Etag": f'"{digest}"',
                 "X-Linked-Size": str(len(data)),
@@ -311,7 +321,7 @@ def _file_entry(path: str, data: bytes) -> dict[str, Any]:
     entry: dict[str, Any] = {"type": "file", "oid": _git_oid(data), "size": len(data), "path": path}
     if _is_lfs(path):
         entry["lfs"] = {
-            "oid": hashlib.sha256(data).hexdigest(),
+            "oid": _sha256(data),
             "size": len(data),
             "pointerSize": 134,
         }
