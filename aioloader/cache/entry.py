@@ -49,6 +49,7 @@ __all__ = [
     "no_room",
     "read_meta",
     "regular_size",
+    "replace_file",
     "write_meta",
 ]
 
@@ -269,20 +270,26 @@ def read_meta(files: EntryFiles) -> Meta | None:
         return None
 
 
-def write_meta(files: EntryFiles, meta: Meta) -> None:
-    """Replace ``meta.json`` atomically: a temporary file, fsync, then rename."""
-    temp = files.dir / f".meta.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+def replace_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: a temporary file beside it, fsync, rename;
+    nothing half-written is ever under its name."""
+    temp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
         fd = open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with open(fd, "wb") as fh:
-            fh.write(json.dumps(asdict(meta), sort_keys=True).encode())
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(temp, files.meta)
+        os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+
+
+def write_meta(files: EntryFiles, meta: Meta) -> None:
+    """Replace ``meta.json`` atomically (``replace_file``)."""
+    replace_file(files.meta, json.dumps(asdict(meta), sort_keys=True).encode())
 
 
 def fsync_dir(path: Path) -> None:

@@ -12,16 +12,14 @@ before an entry is written (``make_room``), after a load completes one
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
 from concurrent.futures import Executor
 from pathlib import Path
 
 from ..redact import redact, redacting_logger
 from ..threads import run_blocking
-from .entry import EntryFiles, cache_error, key_of, read_meta
+from .entry import EntryFiles, cache_error, key_of, read_meta, replace_file
 from .links import prune_models
 from .locks import try_acquire
 from .paths import check_dirs, open_file
@@ -53,16 +51,7 @@ def write_cap(root: Path, max_bytes: int) -> None:
     if read_cap(root) == max_bytes:
         return
     root.mkdir(parents=True, exist_ok=True)
-    temp = root / f".{CAP_FILE}.{secrets.token_hex(4)}.tmp"
-    try:
-        fd = open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        with open(fd, "wb") as fh:
-            fh.write(json.dumps({"max_bytes": max_bytes}).encode())
-        os.replace(temp, root / CAP_FILE)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    replace_file(root / CAP_FILE, json.dumps({"max_bytes": max_bytes}).encode())
 
 
 def list_entries(root: Path) -> list[CacheEntry]:

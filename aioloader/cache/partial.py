@@ -29,7 +29,6 @@ import contextlib
 import ctypes
 import errno
 import os
-import secrets
 import sys
 import threading
 import time
@@ -51,6 +50,7 @@ from .entry import (
     fsync_dir,
     read_meta,
     regular_size,
+    replace_file,
     write_meta,
 )
 from .paths import open_file
@@ -223,18 +223,7 @@ def _proven(fd: int, plain: RangeSet, checks: Sequence[Check], where: Path) -> R
 
 def _rewrite_journal(files: EntryFiles, done: RangeSet) -> None:
     """Replace the journal with ``done``'s ranges, proven: no digest left to check."""
-    temp = files.dir / f".ranges.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    try:
-        fd = open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with open(fd, "wb") as fh:
-            fh.write("".join(f"{start} {end}\n" for start, end in done).encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(temp, files.journal)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    replace_file(files.journal, "".join(f"{start} {end}\n" for start, end in done).encode())
 
 
 class PartialFile:
