@@ -9,6 +9,7 @@ finds what they wrote::
                                          file, the git blob sha1 of a regular file
         snapshots/<commit>/<path>        a relative symlink to ../../blobs/<id>
         refs/<branch or tag>             the commit it pointed to, no newline
+        trees/<commit>.json              the commit's file listing (tree.py)
 
 Everything here is synchronous file work, for a thread. A blob is written under a
 temporary name in ``blobs/`` and renamed (blob_writer.py), and links and refs are
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from ...errors import NotFoundError
 from .snapshot import Snapshot
+from .tree import TreeEntry, dump_tree, parse_tree
 from .url import HfLocation, is_commit
 
 __all__ = ["HfCache", "cache_root", "sweep_temporaries", "temporary_name"]
@@ -128,6 +130,33 @@ class HfCache:
         finally:
             temporary.unlink(missing_ok=True)
 
+    def _tree_file(self, commit: str) -> Path:
+        return self.folder / "trees" / f"{commit}.json"
+
+    def read_tree(self, commit: str) -> dict[str, TreeEntry] | None:
+        """The listing of ``commit`` kept in the cache, or None when there is none
+        that this version reads (see tree.py)."""
+        if not is_commit(commit):
+            return None
+        try:
+            data = self._tree_file(commit).read_bytes()
+        except (OSError, ValueError):
+            return None
+        return parse_tree(data)
+
+    def write_tree(self, commit: str, tree: dict[str, TreeEntry]) -> None:
+        """Keep the listing of ``commit`` (a commit never changes: written once)."""
+        final = self._tree_file(commit)
+        if not is_commit(commit) or not tree or final.exists():
+            return
+        final.parent.mkdir(parents=True, exist_ok=True)
+        temporary = temporary_name(final)
+        try:
+            temporary.write_bytes(dump_tree(tree))
+            os.replace(temporary, final)
+        finally:
+            temporary.unlink(missing_ok=True)
+
     def snapshot(self, location: HfLocation) -> Snapshot:
         """The files of ``location.revision`` as the cache holds them, for offline use.
 
@@ -140,6 +169,9 @@ class HfCache:
             commit = ref.read_text().strip()
         except (OSError, ValueError):
             commit = revision if is_commit(revision) else ""
+        tree = self.read_tree(commit) if commit else None
+        if tree is not None and self.file(commit, "").is_dir():
+            return Snapshot.of_tree(self.repo_id, revision, commit, tree)
         files = self._files(commit) if commit else None
         if files is None:
             raise NotFoundError(

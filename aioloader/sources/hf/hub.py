@@ -8,6 +8,7 @@ calls block, so the source runs them in its own threads.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import AccessDeniedError, ConfigError, NotFoundError, SourceError
 from .snapshot import Snapshot
+from .tree import TreeEntry, bad_path, entry_from_json
 from .url import HfLocation, is_commit
 
 if TYPE_CHECKING:
@@ -43,7 +45,7 @@ class HubSettings:
     Attributes:
         endpoint: the Hub's base URL (``HF_ENDPOINT``, else huggingface_hub's default).
         token: the token huggingface_hub finds (``HF_TOKEN``, the login's token file),
-            or None.
+            once ``with_token`` looked for it; else None.
         offline: ``HF_HUB_OFFLINE`` is set: the hub cache answers, the Hub is never asked.
         cache: the hub cache (``HF_HUB_CACHE``, ``HF_HOME/hub`` or huggingface_hub's).
     """
@@ -58,39 +60,54 @@ class HubSettings:
 
     @classmethod
     def from_env(cls) -> HubSettings:
-        """Read the settings now (the environment may have changed since
-        huggingface_hub was imported, which is when it reads its own constants)."""
+        """Read the settings now, without the token (the environment may have changed
+        since huggingface_hub was imported, which is when it reads its own constants)."""
         from .hf_cache import cache_root
 
-        hub = _hub()
+        _hub()
         from huggingface_hub import constants
 
         endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
         variable = os.environ.get("HF_HUB_OFFLINE")
         offline = variable.upper() in _TRUE if variable else constants.HF_HUB_OFFLINE
-        return cls(endpoint.rstrip("/"), hub.get_token(), offline, cache_root())
+        return cls(endpoint.rstrip("/"), None, offline, cache_root())
+
+    def with_token(self) -> HubSettings:
+        """These settings with the token huggingface_hub finds. Looked for only before
+        the Hub is asked: its lookup reads files and imports its HTTP client, which a
+        load from the hub cache does without. Blocking: run it in a thread."""
+        return dataclasses.replace(self, token=_hub().get_token())
 
 
-def resolve_snapshot(settings: HubSettings, location: HfLocation) -> Snapshot:
+def resolve_snapshot(settings: HubSettings, location: HfLocation, cache: HfCache) -> Snapshot:
     """The commit ``location.revision`` points to now, and the repository's files at it.
+
+    A commit's listing kept in the hub cache (``trees/<commit>.json``, tree.py) is
+    used instead of asking the Hub for it: a branch or tag costs one request (the
+    commit it points to). The caller looks for a commit sha's listing itself, to
+    ask nothing at all, without even the token.
 
     Blocking: run it in a thread.
 
     Raises:
         AccessDeniedError: a gated or private repository, or a refused token.
         NotFoundError: no such repository or revision.
-        SourceError: the Hub could not be reached or answered something else.
+        SourceError: the Hub could not be reached, answered something else, or
+            listed a file whose name or id cannot be a file of the cache.
     """
+    repo, revision = location.repo_id, location.revision
     hub = _hub()
     api = hub.HfApi(endpoint=settings.endpoint, token=settings.token or False)
-    repo, revision = location.repo_id, location.revision
     try:
-        sha = api.model_info(repo, revision=revision).sha
+        sha = revision if is_commit(revision) else api.model_info(repo, revision=revision).sha
         if not isinstance(sha, str) or not is_commit(sha):
             raise SourceError(
                 f"{location.url()}: {settings.endpoint} gave no commit sha for {repo}@{revision}; "
                 "check that HF_ENDPOINT points at a Hugging Face Hub"
             )
+        tree = cache.read_tree(sha)
+        if tree is not None:
+            return Snapshot.of_tree(repo, revision, sha, tree)
         entries = [
             entry
             for entry in api.list_repo_tree(repo, revision=sha, recursive=True)
@@ -101,9 +118,33 @@ def resolve_snapshot(settings: HubSettings, location: HfLocation) -> Snapshot:
         if error is None:
             raise
         raise error from exc
-    files = {entry.path: entry.size for entry in entries}
-    ids = {entry.path: entry.lfs.sha256 if entry.lfs else entry.blob_id for entry in entries}
-    return Snapshot(repo, revision, sha, files, ids)
+    return Snapshot.of_tree(repo, revision, sha, _checked_tree(entries, settings, location, sha))
+
+
+def _checked_tree(
+    entries: list[Any], settings: HubSettings, location: HfLocation, sha: str
+) -> dict[str, TreeEntry]:
+    tree = {}
+    for entry in entries:
+        path = entry.path
+        checked = entry_from_json(
+            {
+                "size": entry.size,
+                "blob_id": entry.blob_id,
+                "lfs_sha256": entry.lfs.sha256 if entry.lfs else None,
+                "xet_hash": getattr(entry, "xet_hash", None),
+            }
+        )
+        why = bad_path(path) or (None if checked else "its size or blob id is malformed")
+        if checked is None or why is not None:
+            raise SourceError(
+                f"{location.url()}: {settings.endpoint} listed a file {path!r} in "
+                f"{location.repo_id} at {sha[:12]}, which cannot be a file of a snapshot: {why}; "
+                "check that HF_ENDPOINT points at a Hugging Face Hub, and report it to the "
+                "Hub's operators"
+            )
+        tree[path] = checked
+    return tree
 
 
 def download_file(settings: HubSettings, cache: HfCache, snapshot: Snapshot, path: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import NotFoundError
+from .tree import TreeEntry
 from .url import HfLocation
 
 __all__ = ["Snapshot"]
@@ -26,6 +27,8 @@ class Snapshot:
         files: path in the repository -> size in bytes.
         ids: path -> the id of its blob in the hub cache: the LFS sha256 of a weight
             file, the git blob sha1 of a regular one (empty when not known).
+        tree: the listing it was made of, as tree.py keeps it (empty when the files
+            were found by walking the cache's snapshot folder).
     """
 
     repo_id: str
@@ -33,6 +36,14 @@ class Snapshot:
     sha: str
     files: dict[str, int]
     ids: dict[str, str] = field(default_factory=dict)
+    tree: dict[str, TreeEntry] = field(default_factory=dict)
+
+    @classmethod
+    def of_tree(cls, repo_id: str, revision: str, sha: str, tree: dict[str, TreeEntry]) -> Snapshot:
+        """The snapshot a commit's listing describes."""
+        files = {path: entry.size for path, entry in tree.items()}
+        ids = {path: entry.cache_id for path, entry in tree.items()}
+        return cls(repo_id, revision, sha, files, ids, dict(tree))
 
     def describe(self) -> str:
         """``org/name@revision`` and, when they differ, the commit it resolved to."""

@@ -80,6 +80,7 @@ class HfSource(Source):
         self._signer = HubSigner()
         self._store = HttpStore(type(self).__name__, lanes, http or HttpOptions(), self._signer)
         self._settings: HubSettings | None = None
+        self._online: HubSettings | None = None
         self._snapshots: OrderedDict[tuple[str, str], Snapshot] = OrderedDict()
         self._pins: dict[tuple[str, str], str] = {}
         self._local: FileSource | None = None
@@ -97,6 +98,14 @@ class HfSource(Source):
         settings = self._settings
         if settings is None:
             settings = self._settings = await run_in(self._lanes.setup, HubSettings.from_env)
+        return settings
+
+    async def _online_settings(self) -> HubSettings:
+        """The settings with the token, for a request to the Hub (see HubSettings.with_token)."""
+        settings = self._online
+        if settings is None:
+            offline = await self._settings_now()
+            settings = self._online = await run_in(self._lanes.setup, offline.with_token)
             self._signer.use(settings)
         return settings
 
@@ -105,11 +114,19 @@ class HfSource(Source):
         key = (location.repo_id, location.revision)
         if is_commit(location.revision) and key in self._snapshots:
             return self._snapshots[key]
+        cache = HfCache(settings.cache, location.repo_id)
         if settings.offline:
-            cache = HfCache(settings.cache, location.repo_id)
             snapshot = await run_in(self._lanes.setup, cache.snapshot, location)
         else:
-            snapshot = await run_in(self._lanes.setup, resolve_snapshot, settings, location)
+            kept = await run_in(self._lanes.setup, cache.read_tree, location.revision)
+            if kept is not None:  # a commit whose listing is cached: nothing to ask
+                sha = location.revision
+                snapshot = Snapshot.of_tree(location.repo_id, sha, sha, kept)
+            else:
+                online = await self._online_settings()
+                snapshot = await run_in(
+                    self._lanes.setup, resolve_snapshot, online, location, cache
+                )
         self._snapshots[(snapshot.repo_id, snapshot.sha)] = snapshot
         while len(self._snapshots) > _KEPT_SNAPSHOTS:
             self._snapshots.popitem(last=False)
@@ -148,6 +165,7 @@ class HfSource(Source):
             blob = await self._local.open(str(local))
             blob.url = url  # a layout matches the files it joins by their hf:// URLs
             return HfFile(blob, True, location.path, snapshot, settings)
+        settings = await self._online_settings()
         fetch_url = (
             f"{settings.endpoint}/{quote(location.repo_id)}/resolve/{snapshot.sha}/"
             + quote(location.path)

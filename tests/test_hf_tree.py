@@ -1,0 +1,161 @@
+"""A commit's listing: kept in the hub cache (``trees/<commit>.json``), read back so a
+warm load asks the Hub as little as it can, and checked wherever it comes from.
+
+huggingface_hub's ``snapshot_download`` writes the same file; a cache it filled is
+read with its listing, and a listing that is damaged or lies is never trusted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from aioloader import SourceError, load_model
+from aioloader.sources.hf.tree import TreeEntry, bad_path, dump_tree, parse_tree
+
+from . import test_hf
+from .helpers import assert_matches_files, some_big, write_sharded
+from .hub_server import LocalHub
+
+hub = test_hf.hub  # the local Hub fixture; its hub cache is tmp_path / "hf-cache"
+hf = pytest.importorskip("huggingface_hub")
+
+REPO = "org/model"
+SHA1 = "a" * 40
+SHA256 = "b" * 64
+
+
+def _repo(tmp_path: Path, hub: LocalHub) -> tuple[str, list[Path]]:
+    folder = tmp_path / "src"
+    write_sharded(folder, some_big(1), shards=2)
+    (folder / "config.json").write_text('{"model_type": "test"}')
+    return hub.commit(REPO, test_hf._files(folder)), sorted(folder.glob("*.safetensors"))
+
+
+def _memo(tmp_path: Path, sha: str) -> Path:
+    return tmp_path / "hf-cache" / "models--org--model" / "trees" / f"{sha}.json"
+
+
+# -- the file's format (pure) ------------------------------------------------------------
+
+
+def test_a_listing_survives_its_file() -> None:
+    tree = {
+        "config.json": TreeEntry(12, SHA1),
+        "sub/model.safetensors": TreeEntry(1 << 40, SHA1, SHA256, "c" * 64),
+    }
+    assert parse_tree(dump_tree(tree)) == tree
+    document = json.loads(dump_tree(tree))
+    assert document["format_version"] == 1
+    assert document["files"]["sub/model.safetensors"]["lfs_size"] == 1 << 40
+
+
+def _document(files: object, version: object = 1) -> bytes:
+    return json.dumps({"format_version": version, "files": files}).encode()
+
+
+def _one(**info: object) -> bytes:
+    return _document({"a": {"size": 1, "blob_id": SHA1} | info})
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        b"",
+        b"not json",
+        b"\xff\xfe",
+        b"[]",
+        b'{"format_version": 1}',
+        _document({"a": {"size": 1, "blob_id": SHA1}}, version=2),
+        _document({"a": {"size": 1, "blob_id": SHA1}}, version="1"),
+        _document({}),
+        _document([]),
+        _document({"a": []}),
+        _one(size=-1),
+        _one(size=True),
+        _one(size=1.5),
+        _one(size="1"),
+        _one(blob_id="../../etc/passwd"),
+        _one(blob_id=SHA1.upper()),
+        _one(blob_id=None),
+        _one(lfs_sha256="../x"),
+        _one(lfs_sha256=SHA256, lfs_size=2),
+        _one(xet_hash=7),
+        _document({"../escape": {"size": 1, "blob_id": SHA1}}),
+        _document({"/abs": {"size": 1, "blob_id": SHA1}}),
+    ],
+)
+def test_a_file_that_is_not_a_listing_is_ignored(document: bytes) -> None:
+    assert parse_tree(document) is None
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["", "/etc/passwd", "..", "../x", "a/../../x", "a//b", "a/./b", "a/", "a\\b", "a\x00b",
+     "a\nb", "x" * 5000, None, 3, b"model.safetensors"],
+)  # fmt: skip
+def test_a_path_outside_the_snapshot_is_refused(path: object) -> None:
+    assert bad_path(path) is not None
+
+
+@pytest.mark.parametrize("path", ["model.safetensors", "a/b/c.json", "é/ü.txt", ".gitattributes"])
+def test_an_ordinary_path_is_accepted(path: str) -> None:
+    assert bad_path(path) is None
+
+
+# -- against the Hub -------------------------------------------------------------------------
+
+
+async def test_a_cached_listing_spares_the_hub(hub: LocalHub, tmp_path: Path) -> None:
+    sha, shards = _repo(tmp_path, hub)
+    # huggingface_hub fills the cache, its listing of the commit with it.
+    hf.snapshot_download(REPO, cache_dir=tmp_path / "hf-cache", endpoint=hub.url, token=False)
+    assert _memo(tmp_path, sha).is_file()
+    before_hub, before_storage = len(hub.log), len(hub.storage.requests)
+
+    assert_matches_files(await load_model(f"hf://{REPO}@{sha}"), *shards)
+    assert len(hub.log) == before_hub, "a commit whose listing is cached asks the Hub nothing"
+
+    assert_matches_files(await load_model(f"hf://{REPO}"), *shards)
+    assert [r.path for r in hub.log[before_hub:]] == [f"/api/models/{REPO}/revision/main"], (
+        "a branch asks only which commit it points to"
+    )
+    assert len(hub.storage.requests) == before_storage
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        b"{",
+        b'{"format_version": 9, "files": {}}',
+        b'{"format_version": 1, "files": {"../../../escape.safetensors": '
+        b'{"size": 1, "blob_id": "' + SHA1.encode() + b'"}}}',
+    ],
+)
+async def test_a_damaged_listing_is_not_trusted(
+    hub: LocalHub, tmp_path: Path, damage: bytes
+) -> None:
+    sha, shards = _repo(tmp_path, hub)
+    hf.snapshot_download(REPO, cache_dir=tmp_path / "hf-cache", endpoint=hub.url, token=False)
+    _memo(tmp_path, sha).write_bytes(damage)
+    before = len(hub.log)
+    got = await load_model(f"hf://{REPO}@{sha}")
+    assert_matches_files(got, *shards)
+    assert any("/tree/" in r.path for r in hub.log[before:]), "the Hub was asked"
+    assert not list(tmp_path.rglob("escape*"))
+
+
+@pytest.mark.parametrize("path", ["../escape.json", "a/../../escape.json", "sub//x.json"])
+async def test_a_hub_that_lists_a_path_outside_the_snapshot_is_refused(
+    hub: LocalHub, tmp_path: Path, path: str
+) -> None:
+    folder = tmp_path / "src"
+    write_sharded(folder, some_big(1), shards=1)
+    files = test_hf._files(folder)
+    files[path] = b"{}"
+    hub.commit(REPO, files)
+    with pytest.raises(SourceError, match=r"listed a file .*(escape|x)\.json") as info:
+        await load_model(f"hf://{REPO}")
+    assert REPO in str(info.value) and "HF_ENDPOINT" in str(info.value)
+    assert not list(tmp_path.rglob("escape*"))
