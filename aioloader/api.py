@@ -229,9 +229,7 @@ class Loader:
         return caching
 
     def _hf_cache_writes(self, store: str, source: Source) -> Source:
-        # Only host tensors stay as they were read until the write after the load;
-        # a staged (GPU) load reuses its buffers at once, so it fills no cache.
-        if not self.options.hf_cache or self._device.copies:
+        if not self.options.hf_cache:
             return source
         from .sources.hf.cache_writes import HfCacheWrites
         from .sources.hf.source import HfSource
@@ -240,7 +238,10 @@ class Loader:
         key = f"{store}+hf-cache"
         writes = self._sources.get(key)
         if writes is None:
-            writes = self._sources[key] = HfCacheWrites(source)
+            # Host tensors stay as they were read until the write after the load; a
+            # staged (GPU) load reuses its buffers at once: each read is written first.
+            through = self._lanes.cache if self._device.copies else None
+            writes = self._sources[key] = HfCacheWrites(source, through=through)
         return writes
 
     def stream(self, url: URL, *, tensors: Selection = None, rows: Rows = None) -> TensorStream:

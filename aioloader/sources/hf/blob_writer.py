@@ -19,22 +19,34 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ...redact import redacting_logger
 from ..base import Blob, clip
 from .hf_cache import HfCache, sweep_temporaries, temporary_name
+from .snapshot import Snapshot
 
-__all__ = ["RecordingBlob", "write_blob"]
+__all__ = [
+    "CHUNK",
+    "RecordingBlob",
+    "WeightFile",
+    "blob_digest",
+    "committed",
+    "publish",
+    "write_blob",
+]
 
 logger = redacting_logger(__name__)
 
-_CHUNK = 8 << 20
+CHUNK = 8 << 20
+_CHANGED = "a corrupted download, or a tensor changed in place before it was written"
 
 Ranges = list[tuple[int, memoryview]]
 
 
-def _digest(blob_id: str, size: int) -> Any:
+def blob_digest(blob_id: str, size: int) -> Any:
     """A hash that ends as ``blob_id`` for the right bytes: sha256 (LFS) or git's sha1."""
     if len(blob_id) == 64:
         return hashlib.sha256()
@@ -60,39 +72,91 @@ def _in_order(ranges: Ranges, size: int) -> list[memoryview] | None:
 def write_blob(cache: HfCache, blob_id: str, size: int, ranges: Ranges) -> bool:
     """Write the file ``ranges`` cover into ``blobs/<blob_id>``; False (with a warning)
     when its bytes are not ``blob_id``'s. Blocking: a commit thread runs it."""
+    if committed(cache, blob_id, size):
+        return True
     final = cache.blob(blob_id)
-    if final.is_file() and final.stat().st_size == size:
-        return True  # committed already (by us, another process or huggingface_hub)
     views = _in_order(ranges, size)
     if views is None:
         return False
     final.parent.mkdir(parents=True, exist_ok=True)
     sweep_temporaries(final)
     temporary = temporary_name(final)
-    digest = _digest(blob_id, size)
+    digest = blob_digest(blob_id, size)
     try:
         with open(temporary, "wb") as out:
             for view in views:
-                for start in range(0, view.nbytes, _CHUNK):
-                    chunk = bytes(view[start : start + _CHUNK])
+                for start in range(0, view.nbytes, CHUNK):
+                    chunk = bytes(view[start : start + CHUNK])
                     digest.update(chunk)
                     out.write(chunk)
             out.flush()
             os.fsync(out.fileno())
-        if digest.hexdigest() != blob_id:
-            logger.warning(
-                "Hugging Face cache %s: the bytes read for blob %s of %s do not match the "
-                "digest the Hub publishes (a corrupted download, or a tensor changed in "
-                "place before it was written); not caching it",
-                cache.root,
-                blob_id,
-                cache.repo_id,
-            )
-            return False
-        os.replace(temporary, final)
+        return publish(cache, blob_id, temporary, digest.hexdigest(), _CHANGED)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def committed(cache: HfCache, blob_id: str, size: int) -> bool:
+    """Whether ``blobs/<blob_id>`` is there whole (written by us, another process or
+    huggingface_hub): nothing to write then."""
+    final = cache.blob(blob_id)
+    return final.is_file() and final.stat().st_size == size
+
+
+def publish(cache: HfCache, blob_id: str, temporary: Path, digest: str, suspects: str) -> bool:
+    """Rename ``temporary`` (written whole and synced) to ``blobs/<blob_id>`` when
+    ``digest``, taken of its bytes, is ``blob_id``; else warn, naming the ``suspects``,
+    and leave it for the caller to remove."""
+    if digest != blob_id:
+        logger.warning(
+            "Hugging Face cache %s: the bytes read for blob %s of %s do not match the "
+            "digest the Hub publishes (%s); not caching it",
+            cache.root,
+            blob_id,
+            cache.repo_id,
+            suspects,
+        )
+        return False
+    os.replace(temporary, cache.blob(blob_id))
     return True
+
+
+@dataclass(frozen=True)
+class WeightFile:
+    """Where a weight file read from the Hub goes in the hub cache.
+
+    Attributes:
+        cache: the repository's folder in the hub cache.
+        snapshot: the commit the file was read at.
+        path: its path in the repository.
+        size: its size in bytes.
+        blob_id: the LFS sha256 the Hub publishes for it.
+    """
+
+    cache: HfCache
+    snapshot: Snapshot
+    path: str
+    size: int
+    blob_id: str
+
+    def warn(self, exc: OSError) -> None:
+        """Say that the cache could not take this file."""
+        logger.warning(
+            "Hugging Face cache %s: %s of %s was not cached: %s",
+            self.cache.root,
+            self.path,
+            self.snapshot.describe(),
+            exc,
+        )
+
+    def settle(self, write: Callable[[], bool]) -> None:
+        """Run ``write`` (True: it committed the blob) and link the snapshot's file to
+        the blob: a commit thread's job, so it logs its errors."""
+        try:
+            if write():
+                self.cache.link(self.snapshot.sha, self.path, self.blob_id)
+        except OSError as exc:
+            self.warn(exc)
 
 
 class RecordingBlob(Blob):

@@ -1,12 +1,16 @@
-"""Filling the Hugging Face hub cache while hf:// models stream into host memory.
+"""Filling the Hugging Face hub cache while hf:// models stream.
 
-``HfCacheWrites`` wraps an ``HfSource`` for loads into host memory: every file the
-source reads from the network comes back as a ``RecordingBlob``, whose bytes are
-written into the hub cache once it closes, after the load has returned
-(blob_writer.py). The first time a commit is loaded, the repository's small
-non-weight files (config, tokenizer, generation config...) are downloaded into the
-cache too, by huggingface_hub itself, and the ref the URL named is recorded, so a
-serving engine can start from the cache offline.
+``HfCacheWrites`` wraps an ``HfSource``: every weight file the source reads from the
+network comes back as a blob that also fills the hub cache. For loads into host
+memory, a ``RecordingBlob``, whose bytes are written once it closes, after the load
+has returned (blob_writer.py); for staged (GPU) loads, whose buffers are reused as
+soon as a read returns, a ``WritingBlob``, which writes each range into a temporary
+file before its read returns (blob_through.py). Either way a file read whole is
+committed only when its digest is the one the Hub publishes. The first time a
+commit is loaded, the repository's small non-weight files (config, tokenizer,
+generation config...) are downloaded into the cache too, by huggingface_hub itself,
+and the ref the URL named is recorded, so a serving engine can start from the cache
+offline.
 
 That work runs in the process's commit threads (``cache/commit.py``), keyed by the
 hub cache's folder; ``wait_hf_cache`` waits for it.
@@ -19,8 +23,10 @@ from pathlib import Path
 
 from ...cache import commit
 from ...redact import redacting_logger
+from ...threads import Lane
 from ..base import Blob, Source
-from .blob_writer import Ranges, RecordingBlob, write_blob
+from .blob_through import open_writing
+from .blob_writer import Ranges, RecordingBlob, WeightFile, write_blob
 from .hf_cache import HfCache, cache_root
 from .hub import HubSettings, download_file
 from .snapshot import Snapshot
@@ -63,42 +69,25 @@ def _small_files(settings: HubSettings, cache: HfCache, snapshot: Snapshot) -> N
         )
 
 
-def _weight_file(
-    cache: HfCache, snapshot: Snapshot, path: str, size: int
-) -> Callable[[Ranges], Callable[[], None]]:
-    blob_id = snapshot.ids.get(path, "")
-
-    def job(ranges: Ranges) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                if blob_id and write_blob(cache, blob_id, size, ranges):
-                    cache.link(snapshot.sha, path, blob_id)
-            except OSError as exc:
-                logger.warning(
-                    "Hugging Face cache %s: %s of %s was not cached: %s",
-                    cache.root,
-                    path,
-                    snapshot.describe(),
-                    exc,
-                )
-
-        return run
-
-    return job
-
-
 class HfCacheWrites(Source):
     """An ``HfSource`` whose network reads also fill the hub cache (see the module).
 
-    ``inner`` belongs to the caller and stays open.
+    Args:
+        inner: the Hub's source; it belongs to the caller and stays open.
+        through: for staged (GPU) loads, whose buffers are reused as soon as a read
+            returns: the lane that writes each range before its read returns
+            (blob_through.py). None: the reads land in host tensors that stay as
+            they are, written after the load (blob_writer.py).
     """
 
-    def __init__(self, inner: HfSource) -> None:
+    def __init__(self, inner: HfSource, *, through: Lane | None = None) -> None:
         self.inner = inner
+        self.through = through
         self._seen: set[tuple[Path, str, str]] = set()
 
     def __repr__(self) -> str:
-        return f"<HfCacheWrites {self.inner!r}>"
+        mode = "through" if self.through is not None else "after"
+        return f"<HfCacheWrites {self.inner!r} writes={mode}>"
 
     def statistics(self) -> object:
         return self.inner.statistics()
@@ -119,10 +108,21 @@ class HfCacheWrites(Source):
         if key not in self._seen:
             self._seen.add(key)
             commit.submit(cache.root, lambda: _small_files(settings, cache, snapshot))
-        if not opened.path.endswith(".safetensors"):
+        blob_id = snapshot.ids.get(opened.path, "")
+        if not opened.path.endswith(".safetensors") or not blob_id:
             return opened.blob  # the small files are huggingface_hub's to write
-        job = _weight_file(cache, snapshot, opened.path, opened.blob.size)
-        return RecordingBlob(opened.blob, lambda ranges: commit.submit(cache.root, job(ranges)))
+        target = WeightFile(cache, snapshot, opened.path, opened.blob.size, blob_id)
+
+        def submit(job: Callable[[], None]) -> None:
+            commit.submit(cache.root, job)
+
+        if self.through is not None:
+            return await open_writing(opened.blob, target, self.through, submit)
+
+        def written_after(ranges: Ranges) -> None:
+            submit(lambda: target.settle(lambda: write_blob(cache, blob_id, target.size, ranges)))
+
+        return RecordingBlob(opened.blob, written_after)
 
     async def aclose(self) -> None:
         """Nothing of its own to close: the writes finish in the commit threads."""

@@ -1,0 +1,276 @@
+"""The Hugging Face hub cache, written by staged (GPU path) hf:// loads.
+
+A staged load reuses each staging slot as soon as its copy completes, so its bytes
+are written into a temporary blob as they arrive (sources/hf/blob_through.py). The
+loads here run the GPU path into host memory (``HostCopyEngine``) with a ring far
+smaller than the model, so slots are recycled many times. huggingface_hub is the
+oracle, as in test_hf_cache.py; every tensor is compared bit for bit with safetensors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from aioloader import Loader, ReadError, wait_hf_cache
+from aioloader.cache import commit
+from aioloader.devices.staged import HostCopyEngine, StagedDevice
+from aioloader.sources.file import FileSource
+from aioloader.sources.hf.blob_through import open_writing
+from aioloader.sources.hf.blob_writer import WeightFile
+from aioloader.sources.hf.hf_cache import HfCache
+from aioloader.sources.hf.snapshot import Snapshot
+from aioloader.threads import Lanes
+
+from . import test_hf
+from .helpers import assert_matches_files, random_tensors, write_file
+from .hub_server import LocalHub
+from .test_hf_cache import REPO, _assert_every_blob_whole, _oracle, _repo, _tree
+
+hub = test_hf.hub  # the local Hub fixture; its hub cache is tmp_path / "hf-cache"
+_files = test_hf._files
+
+hf = pytest.importorskip("huggingface_hub")
+
+# A ring of 8 KiB slots under 64 KiB: the 1.2 MB tensors go through it many times over.
+_STAGED = {"chunk_size": "8KiB", "memory_limit": "64KiB"}
+
+
+def _loader(**keywords: object) -> Loader:
+    return Loader(device=HostCopyEngine(), **{**_STAGED, **keywords})  # type: ignore[arg-type]
+
+
+def _shards(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.safetensors"))
+
+
+def _blob(tmp_path: Path, shard: Path) -> Path:
+    digest = hashlib.sha256(shard.read_bytes()).hexdigest()
+    return tmp_path / "hf-cache" / "models--org--model" / "blobs" / digest
+
+
+def _temporaries(tmp_path: Path) -> list[Path]:
+    return list((tmp_path / "hf-cache").rglob("*.tmp"))
+
+
+def _assert_nothing_was_hashed(caplog: pytest.LogCaptureFixture) -> None:
+    """A file not read whole is dropped as such, not offered to the digest check."""
+    assert not any("do not match the digest" in r.getMessage() for r in caplog.records)
+
+
+def _one_file(tmp_path: Path, hub: LocalHub) -> Path:
+    """A repository of one 8 MiB file of 64 tensors: each of them 16 slot-sized reads,
+    so the reads are never more than a tensor or two ahead of the consumer."""
+    folder = tmp_path / "one"
+    gen = torch.Generator().manual_seed(3)
+    tensors = {f"w{i:02d}": torch.randn(32_768, generator=gen) for i in range(64)}
+    write_file(folder / "model.safetensors", tensors)
+    hub.commit(REPO, _files(folder))
+    return folder / "model.safetensors"
+
+
+async def test_a_staged_load_fills_the_cache_huggingface_hub_writes(
+    hub: LocalHub, tmp_path: Path
+) -> None:
+    sha, folder = _repo(tmp_path, hub)
+    async with _loader() as loader:
+        got = await loader.load(f"hf://{REPO}")
+        device = loader.device
+        assert isinstance(device, StagedDevice)
+        assert device.ring.copies > 10 * device.ring.slots, "slots were recycled"
+    await wait_hf_cache()
+    shards = _shards(folder)
+    assert_matches_files(got, *shards)
+    ours = tmp_path / "hf-cache"
+    assert _tree(ours) == _tree(_oracle(hub, tmp_path))
+    assert (ours / "models--org--model" / "refs" / "main").read_text() == sha
+    assert not _temporaries(tmp_path)
+    snapshot = Path(hf.snapshot_download(REPO, cache_dir=ours, local_files_only=True))
+    assert snapshot.name == sha
+    for shard in shards:
+        path = hf.hf_hub_download(REPO, shard.name, cache_dir=ours, local_files_only=True)
+        assert_matches_files(load_file(path), shard)
+    config = hf.hf_hub_download(REPO, "config.json", cache_dir=ours, local_files_only=True)
+    assert json.loads(Path(config).read_text()) == {"model_type": "test"}
+    verification = hf.HfApi(endpoint=hub.url, token=False).verify_repo_checksums(
+        REPO, cache_dir=ours
+    )
+    assert not verification.mismatches and not verification.missing_paths
+    assert verification.checked_count == len(_files(folder))
+
+    # A warm load, staged too, reads the cache: no byte from the storage host.
+    before = len(hub.storage.requests)
+    async with _loader() as loader:
+        assert_matches_files(await loader.load(f"hf://{REPO}"), *shards)
+    assert len(hub.storage.requests) == before
+
+
+async def test_a_corrupted_blob_is_never_committed(
+    hub: LocalHub, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, folder = _repo(tmp_path, hub)
+    shard = _shards(folder)[0]
+    stored = tmp_path / "hub-storage" / _blob(tmp_path, shard).name
+    data = bytearray(stored.read_bytes())
+    data[-1] ^= 0xFF  # the last tensor's last byte: the header still parses
+    stored.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        async with _loader() as loader:
+            got = await loader.load(f"hf://{REPO}")
+        await wait_hf_cache()
+    # As for host loads: the load returns what the storage host sent, the cache refuses it.
+    assert set(got) == {name for s in _shards(folder) for name in load_file(s)}
+    assert not _blob(tmp_path, shard).exists()
+    assert not list((tmp_path / "hf-cache").glob(f"models--org--model/snapshots/*/{shard.name}"))
+    assert not _temporaries(tmp_path)
+    assert any("do not match the digest" in r.getMessage() for r in caplog.records)
+    for other in _shards(folder)[1:]:
+        assert _blob(tmp_path, other).is_file()
+
+
+@pytest.mark.parametrize("fault", ["cut", "5xx"])
+async def test_a_load_failing_midway_leaves_no_blob(
+    hub: LocalHub, tmp_path: Path, fault: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    shard = _one_file(tmp_path, hub)
+    with pytest.raises(ReadError):
+        async with _loader(max_attempts=2) as loader:
+            async with loader.stream(f"hf://{REPO}") as stream:
+                async for _ in stream:
+                    # From the first tensor on, every read from the storage host fails.
+                    if fault == "cut":
+                        hub.storage.reset_after(None, 1000, count=10_000)
+                    else:
+                        hub.storage.status(None, 500, count=10_000)
+    await wait_hf_cache()
+    assert not _blob(tmp_path, shard).exists()
+    assert not list((tmp_path / "hf-cache").glob("models--org--model/snapshots/*/*.safetensors"))
+    assert not _temporaries(tmp_path)
+    _assert_every_blob_whole(tmp_path / "hf-cache")
+    _assert_nothing_was_hashed(caplog)
+
+
+@pytest.mark.parametrize("after", [0, 1, 20, 50])
+async def test_a_cancelled_stream_commits_nothing(
+    hub: LocalHub, tmp_path: Path, after: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    shard = _one_file(tmp_path, hub)
+    arrived = asyncio.Event()
+
+    async def consume(loader: Loader) -> None:
+        async with loader.stream(f"hf://{REPO}") as stream:
+            count = 0
+            async for _ in stream:
+                count += 1
+                if count > after:
+                    arrived.set()
+
+    async with _loader() as loader:
+        task = asyncio.create_task(consume(loader))
+        await arrived.wait()  # mid-file: its first tensors are out, the rest is not read
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await wait_hf_cache()
+    assert not _blob(tmp_path, shard).exists()
+    assert not _temporaries(tmp_path)
+    _assert_nothing_was_hashed(caplog)
+
+
+async def test_a_partial_load_writes_no_file_it_did_not_read_whole(
+    hub: LocalHub, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _repo(tmp_path, hub)
+    async with _loader() as loader:
+        await loader.load(f"hf://{REPO}", tensors=["big.0"])
+    await wait_hf_cache()
+    ours = tmp_path / "hf-cache" / "models--org--model"
+    assert not list(ours.glob("snapshots/*/*.safetensors"))
+    # Only the small files' blobs, named by their git sha1 (a weight's is a sha256).
+    assert all(len(p.name) == 40 for p in ours.glob("blobs/*"))
+    assert (ours / "refs" / "main").is_file()
+    assert not _temporaries(tmp_path)
+    _assert_nothing_was_hashed(caplog)
+
+
+async def test_hf_cache_false_writes_nothing(hub: LocalHub, tmp_path: Path) -> None:
+    _, folder = _repo(tmp_path, hub)
+    async with _loader(hf_cache=False) as loader:
+        assert_matches_files(await loader.load(f"hf://{REPO}"), *_shards(folder))
+    await wait_hf_cache()
+    assert not (tmp_path / "hf-cache").exists()
+
+
+_CHILD = """
+import asyncio, sys
+from aioloader import Loader, wait_hf_cache
+from aioloader.devices.staged import HostCopyEngine
+
+async def main():
+    async with Loader(device=HostCopyEngine(), chunk_size="8KiB", memory_limit="64KiB") as l:
+        await l.load(sys.argv[1])
+    await wait_hf_cache()
+
+asyncio.run(main())
+"""
+
+
+def test_two_processes_fill_one_cache(hub: LocalHub, tmp_path: Path) -> None:
+    _, folder = _repo(tmp_path, hub)
+    children = [subprocess.Popen([sys.executable, "-c", _CHILD, f"hf://{REPO}"]) for _ in range(2)]
+    for child in children:
+        assert child.wait(120) == 0
+    _assert_every_blob_whole(tmp_path / "hf-cache")
+    assert _tree(tmp_path / "hf-cache") == _tree(_oracle(hub, tmp_path))
+    assert not _temporaries(tmp_path)
+    for shard in _shards(folder):
+        assert _blob(tmp_path, shard).read_bytes() == shard.read_bytes()
+
+
+async def test_ranges_read_twice_and_overlapping_make_one_right_blob(tmp_path: Path) -> None:
+    path = write_file(tmp_path / "m.safetensors", random_tensors(count=20, big=200_000))
+    data = path.read_bytes()
+    blob_id = hashlib.sha256(data).hexdigest()
+    cache = HfCache(tmp_path / "hf-cache", REPO)
+    snapshot = Snapshot(REPO, "main", "a" * 40, {"m.safetensors": len(data)})
+    target = WeightFile(cache, snapshot, "m.safetensors", len(data), blob_id)
+    rng = random.Random(7)
+    # Ranges that cover the file, overlap each other and repeat, read in random order.
+    ranges = [(start, min(len(data), start + 50_000)) for start in range(0, len(data), 30_000)]
+    ranges += rng.sample(ranges, 5)
+    rng.shuffle(ranges)
+
+    with Lanes(4) as lanes:
+        files = FileSource(lanes)
+        try:
+            blob = await open_writing(
+                await files.open(str(path)),
+                target,
+                lanes.cache,
+                lambda job: commit.submit(cache.root, job),
+            )
+            buffers = [bytearray(end - start) for start, end in ranges]
+            await asyncio.gather(
+                *(
+                    blob.read_into(start, [memoryview(buffer)])
+                    for (start, _), buffer in zip(ranges, buffers, strict=True)
+                )
+            )
+            await blob.aclose()
+        finally:
+            await files.aclose()
+    await commit.wait(cache.root)
+    assert all(b == data[s:e] for (s, e), b in zip(ranges, buffers, strict=True))
+    assert cache.blob(blob_id).read_bytes() == data
+    assert cache.file(snapshot.sha, "m.safetensors").read_bytes() == data
+    assert not list(cache.root.rglob("*.tmp"))
