@@ -203,6 +203,23 @@ async def test_a_partial_load_writes_no_file_it_did_not_read_whole(
     _assert_nothing_was_hashed(caplog)
 
 
+async def test_a_cache_that_cannot_take_the_blob_leaves_the_load_alone(
+    hub: LocalHub, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, folder = _repo(tmp_path, hub)
+    blobs = tmp_path / "hf-cache" / "models--org--model" / "blobs"
+    blobs.parent.mkdir(parents=True)
+    blobs.write_bytes(b"a file where the folder should be")
+    with caplog.at_level(logging.WARNING):
+        async with _loader() as loader:
+            assert_matches_files(await loader.load(f"hf://{REPO}"), *_shards(folder))
+        await wait_hf_cache()
+    warned = [r.getMessage() for r in caplog.records if "was not cached" in r.getMessage()]
+    assert len(warned) == len(_shards(folder))
+    assert all("model-0000" in w and REPO in w for w in warned)
+    assert blobs.read_bytes() == b"a file where the folder should be"
+
+
 async def test_hf_cache_false_writes_nothing(hub: LocalHub, tmp_path: Path) -> None:
     _, folder = _repo(tmp_path, hub)
     async with _loader(hf_cache=False) as loader:
