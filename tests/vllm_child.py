@@ -2,7 +2,8 @@
 
     python tests/vllm_child.py SPEC.json OUT.json
 
-SPEC: ``{"model": DIR, "texts": [...], "runs": [{"name", "load_format", "extra"}]}``.
+SPEC: ``{"model": DIR, "texts": [...], "runs": [{"name", "load_format", "extra"}]}``;
+a run may name a ``"model"`` of its own.
 Each run starts an engine (a pooling model, on the CPU), embeds the texts and
 records the embeddings, or the error that stopped it. OUT gets ``{"runs": {name:
 {...}}}``; each run's log lines follow a line ``MARK + name`` on stdout (vLLM's
@@ -96,7 +97,10 @@ def main() -> int:
         spec = json.load(fh)
     if spec.get("time_weights"):
         time_load_weights(SPENT)
-    results = {run["name"]: run_one(spec["model"], spec["texts"], run) for run in spec["runs"]}
+    results = {
+        run["name"]: run_one(run.get("model", spec["model"]), spec["texts"], run)
+        for run in spec["runs"]
+    }
     with open(sys.argv[2], "w") as fh:
         json.dump({"runs": results}, fh)
     return 0
