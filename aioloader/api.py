@@ -282,9 +282,23 @@ class Loader:
         Raises:
             LoaderError: naming the file, tensor or byte range that failed.
         """
-        got: dict[str, Any] = {}
-        await self._run(url, tensors, got.__setitem__, Progress(), None, rows)
-        return got
+
+        async def attempt(target: URL) -> dict[str, Any]:
+            got: dict[str, Any] = {}
+            await self._run(target, tensors, got.__setitem__, Progress(), None, rows)
+            return got
+
+        if isinstance(url, str) and scheme_of(url) == "hf" and self.options.group is None:
+            # Nobody sees these tensors before the load returns: a warm start may read
+            # the hub cache's commit while the Hub says whether it is still current.
+            from .sources.hf.source import HfSource
+            from .sources.hf.warm_start import load_warm
+
+            self._check_open()
+            source = self._source(url)
+            assert isinstance(source, HfSource)
+            return await load_warm(source, url, attempt)
+        return await attempt(url)
 
     async def inspect(self, url: URL) -> ModelInfo:
         """Read and validate the headers of ``url`` without reading tensor data."""

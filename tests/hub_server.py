@@ -86,6 +86,7 @@ class LocalHub:
         self.storage = FaultyHttpServer(blobs)
         self._blobs = blobs
         self.valid_tokens: set[str] = set()
+        self.api_delay = 0.0  # seconds before each API answer (a slow or distant Hub)
         self._repos: dict[str, _Repo] = {}
         self._log: list[HubRequest] = []
         self._lock = threading.Lock()
@@ -203,6 +204,8 @@ class LocalHub:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = request.raw_path.split("?", 1)[0]
+        if self.api_delay and raw.startswith("/api/"):
+            await asyncio.sleep(self.api_delay)
         with self._lock:
             self._log.append(HubRequest(request.method, request.raw_path, dict(request.headers)))
             return self._answer(request, raw.lstrip("/").split("/"))

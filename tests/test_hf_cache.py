@@ -57,17 +57,12 @@ def _repo(tmp_path: Path, hub: LocalHub, seed: int = 1, repo: str = REPO) -> tup
 
 
 def _tree(root: Path, repo: str = REPO) -> dict[str, tuple[str, bytes]]:
-    """Every entry of a repository's cache folder: symlinks by target, files by bytes.
-
-    ``trees/<commit>.json`` is left out: a memo of the Hub's listing that only
-    ``snapshot_download`` writes (``hf_hub_download`` does not), in a format private
-    to huggingface_hub; its readers list the snapshot folder without it."""
+    """Every entry of a repository's cache folder: symlinks by target, files by bytes
+    (``trees/<commit>.json``, the commit's listing, included)."""
     top = root / ("models--" + repo.replace("/", "--"))
     out = {}
     for path in sorted(top.rglob("*")):
         name = path.relative_to(top).as_posix()
-        if name.startswith("trees/"):
-            continue
         if path.is_symlink():
             out[name] = ("link", os.readlink(path).encode())
         elif path.is_file():
@@ -309,6 +304,11 @@ def test_kill_9_during_the_write_leaves_no_half_blob(hub: LocalHub, tmp_path: Pa
     child = _child(f"hf://{REPO}", "sleep")
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "loaded"
+    # Killed once the writer has begun (its temporary file is there), not before.
+    blobs = tmp_path / "hf-cache" / "models--org--model" / "blobs"
+    deadline = time.monotonic() + 60
+    while not (blobs.is_dir() and any(blobs.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.005)
     os.kill(child.pid, signal.SIGKILL)
     child.wait(30)
     child.stdout.close()

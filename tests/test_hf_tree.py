@@ -6,12 +6,14 @@ read with its listing, and a listing that is damaged or lies is never trusted.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
-from aioloader import SourceError, load_model
+from aioloader import AccessDeniedError, Loader, SourceError, load_model
+from aioloader.sources.hf.cache_writes import wait_hf_cache
 from aioloader.sources.hf.tree import TreeEntry, bad_path, dump_tree, parse_tree
 
 from . import test_hf
@@ -159,3 +161,102 @@ async def test_a_hub_that_lists_a_path_outside_the_snapshot_is_refused(
         await load_model(f"hf://{REPO}")
     assert REPO in str(info.value) and "HF_ENDPOINT" in str(info.value)
     assert not list(tmp_path.rglob("escape*"))
+
+
+# -- the warm start of a branch (warm_start.py) ------------------------------------------------
+
+
+def _commit(tmp_path: Path, hub: LocalHub, seed: int) -> tuple[str, list[Path]]:
+    folder = tmp_path / f"src-{seed}"
+    write_sharded(folder, some_big(seed), shards=2)
+    (folder / "config.json").write_text('{"model_type": "test"}')
+    return hub.commit(REPO, test_hf._files(folder)), sorted(folder.glob("*.safetensors"))
+
+
+def _snapshot_download(hub: LocalHub, tmp_path: Path) -> None:
+    hf.snapshot_download(REPO, cache_dir=tmp_path / "hf-cache", endpoint=hub.url, token=False)
+
+
+async def test_a_warm_branch_is_read_from_the_cache_and_confirmed(
+    hub: LocalHub, tmp_path: Path
+) -> None:
+    _, shards = _commit(tmp_path, hub, 1)
+    _snapshot_download(hub, tmp_path)
+    before, stored = len(hub.log), len(hub.storage.requests)
+    async with Loader() as loader:
+        assert_matches_files(await loader.load(f"hf://{REPO}"), *shards)
+        assert_matches_files(await loader.load(f"hf://{REPO}@main"), *shards)
+    assert [r.path for r in hub.log[before:]] == [f"/api/models/{REPO}/revision/main"] * 2
+    assert len(hub.storage.requests) == stored
+
+
+async def test_a_branch_that_moved_since_the_cache_loads_its_new_commit(
+    hub: LocalHub, tmp_path: Path
+) -> None:
+    first, _ = _commit(tmp_path, hub, 1)
+    _snapshot_download(hub, tmp_path)
+    second, shards = _commit(tmp_path, hub, 2)
+    got = await load_model(f"hf://{REPO}")
+    await wait_hf_cache()
+    assert_matches_files(got, *shards)
+    ours = tmp_path / "hf-cache" / "models--org--model"
+    assert (ours / "refs" / "main").read_text() == second, "the new ref is recorded"
+    # Moved again right after the Hub answers: the load is the commit it answered.
+    third, _ = _commit(tmp_path, hub, 3)
+    hub.tag(REPO, "main", second)
+    hub.move_after_first(REPO, "main", third)
+    got = await load_model(f"hf://{REPO}")
+    assert_matches_files(got, *shards)
+    assert first != second != third
+
+
+async def test_the_hubs_refusal_is_the_loads_error_even_when_cached(
+    hub: LocalHub, tmp_path: Path
+) -> None:
+    _commit(tmp_path, hub, 1)
+    _snapshot_download(hub, tmp_path)
+    hub.private(REPO, {"hf_secret"})
+    with pytest.raises(AccessDeniedError, match=f"{REPO}.*huggingface-cli login"):
+        await load_model(f"hf://{REPO}")
+
+
+async def test_a_stream_asks_the_hub_before_it_reads_the_cache(
+    hub: LocalHub, tmp_path: Path
+) -> None:
+    _commit(tmp_path, hub, 1)
+    _snapshot_download(hub, tmp_path)
+    _, shards = _commit(tmp_path, hub, 2)
+    got = {}
+    async with Loader() as loader, loader.stream(f"hf://{REPO}") as stream:
+        async for name, tensor in stream:
+            got[name] = tensor
+    assert_matches_files(got, *shards)
+
+
+async def test_a_warm_load_returns_only_once_the_hub_has_answered(
+    hub: LocalHub, tmp_path: Path
+) -> None:
+    _, shards = _commit(tmp_path, hub, 1)
+    _snapshot_download(hub, tmp_path)
+    hub.api_delay = 1.5
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    got = await load_model(f"hf://{REPO}")
+    assert loop.time() - started >= 1.5
+    assert_matches_files(got, *shards)
+
+
+async def test_a_warm_load_cancelled_while_the_hub_is_asked_leaves_nothing(
+    hub: LocalHub, tmp_path: Path
+) -> None:
+    _commit(tmp_path, hub, 1)
+    _snapshot_download(hub, tmp_path)
+    hub.api_delay = 1.0
+    async with Loader() as loader:
+        task = asyncio.create_task(loader.load(f"hf://{REPO}"))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        hub.api_delay = 0.0
+        assert await loader.load(f"hf://{REPO}"), "the Loader is still usable"

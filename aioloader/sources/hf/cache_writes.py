@@ -54,10 +54,14 @@ async def wait_hf_cache(root: str | Path | None = None) -> None:
 
 
 def _small_files(settings: HubSettings, cache: HfCache, snapshot: Snapshot) -> None:
-    """Download the snapshot's small files and record its ref (a commit thread's job)."""
+    """Record the snapshot's listing, download its small files and record its ref, in
+    that order: a ref is the last thing a warm start looks for (a commit thread's job)."""
     try:
+        cache.write_tree(snapshot.sha, snapshot.tree)
         for path, size in sorted(snapshot.files.items()):
             if is_small_file(path, size) and cache.find(snapshot.sha, path, size) is None:
+                if settings.token is None:  # a warm load's settings carry none yet
+                    settings = settings.with_token()
                 download_file(settings, cache, snapshot, path)
         cache.write_ref(snapshot.revision, snapshot.sha)
     except Exception as exc:
@@ -100,14 +104,16 @@ class HfCacheWrites(Source):
 
     async def open(self, url: str) -> Blob:
         opened = await self.inner.open_file(url)
-        if opened.cached:
-            return opened.blob
         settings, snapshot = opened.settings, opened.snapshot
         cache = HfCache(settings.cache, snapshot.repo_id)
         key = (cache.root, snapshot.repo_id, snapshot.sha + "@" + snapshot.revision)
-        if key not in self._seen:
+        if key not in self._seen and not settings.offline:
+            # Also for a commit read from the cache: one that huggingface_hub filled may
+            # lack its listing, its small files or the ref.
             self._seen.add(key)
             commit.submit(cache.root, lambda: _small_files(settings, cache, snapshot))
+        if opened.cached:
+            return opened.blob
         blob_id = snapshot.ids.get(opened.path, "")
         if not opened.path.endswith(".safetensors") or not blob_id:
             return opened.blob  # the small files are huggingface_hub's to write

@@ -119,7 +119,7 @@ class HfCache:
 
     def write_ref(self, revision: str, commit: str) -> None:
         """Record that ``revision`` (a branch or tag) points to ``commit``."""
-        if is_commit(revision):
+        if is_commit(revision) or self.read_ref(revision) == commit:
             return
         ref = self.folder / "refs" / revision
         ref.parent.mkdir(parents=True, exist_ok=True)
@@ -129,6 +129,20 @@ class HfCache:
             os.replace(temporary, ref)
         finally:
             temporary.unlink(missing_ok=True)
+
+    def read_ref(self, revision: str) -> str | None:
+        """The commit the cache last recorded ``revision`` (a branch or tag) at, or None."""
+        try:
+            commit = (self.folder / "refs" / revision).read_text().strip()
+        except (OSError, ValueError):
+            return None
+        return commit if is_commit(commit) else None
+
+    def cached_commit(self, revision: str) -> str | None:
+        """The commit of ``revision``'s ref, when the cache holds that commit's listing
+        too (a load can start from it: warm_start.py); else None."""
+        commit = self.read_ref(revision)
+        return commit if commit and self.read_tree(commit) is not None else None
 
     def _tree_file(self, commit: str) -> Path:
         return self.folder / "trees" / f"{commit}.json"
@@ -164,11 +178,7 @@ class HfCache:
             NotFoundError: the cache has no such ref or commit.
         """
         revision = location.revision
-        ref = self.folder / "refs" / revision
-        try:
-            commit = ref.read_text().strip()
-        except (OSError, ValueError):
-            commit = revision if is_commit(revision) else ""
+        commit = revision if is_commit(revision) else self.read_ref(revision) or ""
         tree = self.read_tree(commit) if commit else None
         if tree is not None and self.file(commit, "").is_dir():
             return Snapshot.of_tree(self.repo_id, revision, commit, tree)

@@ -134,6 +134,24 @@ class HfSource(Source):
             self._pins[key] = snapshot.sha
         return snapshot
 
+    async def cached_commit(self, url: str) -> str | None:
+        """The commit the hub cache last saw ``url``'s branch or tag at, when it holds
+        that commit's listing too; None for a commit sha, offline, or nothing cached."""
+        location = parse_hf_url(url)
+        settings = await self._settings_now()
+        if settings.offline or is_commit(location.revision):
+            return None
+        cache = HfCache(settings.cache, location.repo_id)
+        return await run_in(self._lanes.setup, cache.cached_commit, location.revision)
+
+    async def current_commit(self, url: str) -> str:
+        """The commit ``url``'s revision points to now: the Hub's answer, online.
+
+        Raises:
+            SourceError: as for a load (access, a missing repository or revision).
+        """
+        return (await self._snapshot(parse_hf_url(url))).sha
+
     async def list_dir(self, url: str) -> list[str] | None:
         location = parse_hf_url(url)
         return (await self._snapshot(location)).names_in(location.path)
