@@ -153,7 +153,8 @@ def _describe_other(names: list[str]) -> str:
             if name.endswith(suffix):
                 found.append(f"{name} ({kind})")
     if not found:
-        return ""
+        shown = ", ".join(sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
+        return f": {shown}; check the path (the weights may be in a sub-folder)"
     return (
         f"; it holds {', '.join(found[:5])}, which aioloader cannot read: "
         "use the model's safetensors release"

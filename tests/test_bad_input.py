@@ -159,6 +159,12 @@ async def test_folder_with_only_bin(tmp_path: Path) -> None:
     await _fails(tmp_path, SourceError, "no .safetensors", "pytorch_model.bin", "PyTorch pickle")
 
 
+async def test_folder_whose_weights_are_in_a_sub_folder(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    write_file(tmp_path / "weights" / "model.safetensors", random_tensors(count=2))
+    await _fails(tmp_path, SourceError, "no .safetensors", "check the path", "weights")
+
+
 async def test_missing_shard(tmp_path: Path) -> None:
     index = write_sharded(tmp_path, random_tensors(count=9), shards=3)
     (tmp_path / "model-00002-of-00003.safetensors").unlink()
