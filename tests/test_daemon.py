@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from aioloader.cache.entry import key_of
+from aioloader.cache.entry import EntryFiles, key_of, read_meta
 
 from .daemon_helpers import Daemon, final_files, running, single_file, write_model
 from .helpers import assert_matches_files
@@ -24,6 +24,11 @@ PROBE = 256 * 1024  # the first GET of a file reads this much (HttpSource.PROBE_
 
 def _entry(cache: Path, url: str) -> Path:
     return cache / "entries" / key_of(url)
+
+
+def _complete(cache: Path, url: str) -> bool:
+    meta = read_meta(EntryFiles.of(cache, url))
+    return meta is not None and meta.complete
 
 
 def _check_final_files(cache: Path, sources: dict[str, Path]) -> None:
@@ -163,10 +168,10 @@ def test_crash_mid_download_then_resume(http_server: FaultyHttpServer, tmp_path:
     cache = tmp_path / "cache"
     daemon = Daemon(cache, "--model", url).start()
     try:
+        # Complete means meta.json says so: ``data`` appears a moment before (partial.py
+        # renames, then marks), and a kill in between downloads that shard again.
         daemon.wait_for(
-            lambda: all((_entry(cache, u) / "data").exists() for u in shard_urls[:2]),
-            20,
-            "the first two shards",
+            lambda: all(_complete(cache, u) for u in shard_urls[:2]), 20, "the first two shards"
         )
         daemon.wait_for(lambda: http_server.in_flight >= 1, 10, "the stalled GET")
     finally:
