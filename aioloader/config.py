@@ -222,7 +222,8 @@ class HttpOptions:
             ``{"Authorization": "Bearer ..."}``; never forwarded to another host a
             redirect points to.
         max_attempts: tries per byte range before giving up (retries resume from
-            the last byte received).
+            the last byte received). A throttling answer (429, 503) counts only
+            once requests in flight are down to one.
         backoff: first retry delay in seconds; doubles per attempt, with jitter.
         backoff_max: the longest delay between two attempts.
         stall_timeout: seconds without a single byte before a transfer counts as

@@ -97,13 +97,19 @@ class AdaptiveLimiter:
             self._successes = 0
             self._wake()
 
-    def on_throttle(self, retry_after: float, ticket: int) -> None:
+    def on_throttle(self, retry_after: float, ticket: int) -> bool:
         """The server pushed back: halve the limit (once per burst) and pause.
 
         Args:
             retry_after: seconds every request waits before the next one is sent.
             ticket: what ``acquire`` returned for the throttled request.
+
+        Returns:
+            Whether the limit was already one request: the server refuses even that,
+            so the answer is a failed attempt. Above one it only tells the limiter
+            to ask less, and the additive increase provokes such answers by design.
         """
+        floor = self._limit == 1
         self._throttled += 1
         self._resume_at = max(self._resume_at, time.monotonic() + retry_after)
         # Many requests in flight get the same answer at once; count it once. A
@@ -113,6 +119,7 @@ class AdaptiveLimiter:
             self._limit = max(1, self._limit // 2)
             self._epoch += 1
         self._successes = 0
+        return floor
 
     def _wake(self) -> None:
         while self._waiters and self._in_flight < self._limit:

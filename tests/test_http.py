@@ -386,6 +386,35 @@ async def test_throttling_lowers_requests_in_flight(http_server: FaultyHttpServe
     assert stats.in_flight == 0 and stats.waiting == 0
 
 
+async def test_throttling_costs_no_attempt_while_the_limit_can_fall(
+    http_server: FaultyHttpServer,
+) -> None:
+    path = write_big(http_server.root, count=4)  # one range after the probe
+    pass_probe(http_server)
+    # 16 -> 8 -> 4 -> 2 -> 1 on the first four answers, then two failed attempts of three.
+    http_server.status(NAME, 503, count=6, retry_after=0)
+    options = HttpOptions(max_attempts=3, backoff=0.01, backoff_max=0.05)
+    async with Loader(concurrency=16, chunk_size="16MiB", http=options) as loader:
+        got = await loader.load(http_server.url_for(NAME))
+        stats = loader.statistics().sources["http"]
+    assert_matches_files(got, path)
+    assert stats.throttled == 6 and stats.limit == 2
+    assert len(http_server.gets(NAME)) == 1 + 6 + 1
+
+
+async def test_throttled_at_one_request_gives_up(http_server: FaultyHttpServer) -> None:
+    write_big(http_server.root, count=4)
+    url = http_server.url_for(NAME)
+    pass_probe(http_server)
+    http_server.status(NAME, 503, count=100, retry_after=0)
+    options = HttpOptions(max_attempts=3, backoff=0.01, backoff_max=0.05)
+    with pytest.raises(ReadError) as info:
+        await load_model(url, concurrency=16, chunk_size="16MiB", http=options)
+    message = str(info.value)
+    assert url in message and "3 of them without progress" in message and "HTTP 503" in message
+    assert len(http_server.gets(NAME)) == 1 + 4 + 3  # four halvings, then three attempts
+
+
 async def test_etag_change_mid_load(http_server: FaultyHttpServer) -> None:
     path = write_big(http_server.root, count=16)
     url = http_server.url_for(NAME)

@@ -4,7 +4,9 @@ A failure worth another attempt is a RetryableError. The Retrier runs an attempt
 until it succeeds, counting only the attempts that brought no bytes against
 ``HttpOptions.max_attempts``: a link that drops every connection but delivers
 something each time still finishes. ``429`` / ``503`` also lower the requests in
-flight through the AdaptiveLimiter (see throttle.py).
+flight through the AdaptiveLimiter (see throttle.py), and use up an attempt only
+once the limiter is down to one request in flight: above that, asking less is the
+answer, not giving up.
 """
 
 from __future__ import annotations
@@ -158,14 +160,18 @@ class Retrier:
             except RetryableError as exc:
                 failures.append(str(exc))
                 timed_out = exc.timeout
+                # A stall or a trickle is no progress, whatever bytes came before it.
+                moved = progress is not None and progress() > before and not exc.timeout
                 if exc.throttled:
                     # The pause holds back every request, so it is capped like one delay:
                     # a huge Retry-After must not stall the load beyond backoff_max.
                     pause = min(exc.retry_after or options.backoff, options.backoff_max)
-                    limiter.on_throttle(pause, ticket)
+                    # Throttled while the limiter can still ask less: the limiter's
+                    # business, not a failed attempt. Its additive increase probes past
+                    # the server's capacity by design; counted, six such answers to one
+                    # range failed loads by chance.
+                    moved |= not limiter.on_throttle(pause, ticket)
                 retry_after = exc.retry_after
-                # A stall or a trickle is no progress, whatever bytes came before it.
-                moved = progress is not None and progress() > before and not exc.timeout
             else:
                 limiter.on_success()
                 return result
