@@ -49,6 +49,10 @@ def cluster(
     with pytest.MonkeyPatch.context() as patch:
         moto_server.set_env(patch, tmp)  # the workers inherit the S3 settings
         patch.setenv("RAY_DEDUP_LOGS", "0")
+        # Ray runs its workers at nice 15: on a busy machine (a test run beside others)
+        # they then get a few percent of a core, and starting one replica took 40 s.
+        # The test's workers compete like any process instead.
+        patch.setenv("RAY_worker_niceness", "0")
         nodes = Cluster(
             initialize_head=True,
             head_node_args={
