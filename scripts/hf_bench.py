@@ -1,33 +1,41 @@
 #!/usr/bin/env python
 """hf:// against the Hugging Face way, side by side in one run, on a local Hub.
 
-    python scripts/hf_bench.py [--size-mib 512] [--shards 4] [--repeat 3]
+    python scripts/hf_bench.py [--size-mib 512] [--shards 4] [--repeat 3] [--staged host-copy]
 
 A local Hub (tests/hub_server.py: the Hub's API on one port) runs in a process of
 its own, and redirects to a storage host serving ranges: nginx over the blobs
 (``--storage nginx``, the default, as the HTTP scenarios of scripts/bench.py use),
 or the test suite's single-process Python server (``--storage python``); every tool runs in a fresh
 process per measurement, in turn, each with an empty Hugging Face cache for the cold
-rows. Rows:
+rows, after the dirty pages of the one before were written back (``os.sync``); the
+cache is read through once before each warm row, so each starts from the page cache, and
+the warm rows take turns at running first (see the comments in ``main``). Rows:
 
 * cold, to the loaded dict: aioloader ``load_model("hf://...")`` against
   ``huggingface_hub.snapshot_download`` followed by ``safetensors.torch.load_file`` of
   every shard; aioloader's time until its HF cache writes are committed too;
 * warm, from the cache both wrote: aioloader ``hf://`` (reading the HF cache), against
   ``safetensors`` from the same snapshot folder, and aioloader on that folder as local
-  files (our local-file speed).
+  files (our local-file speed);
+* with ``--staged host-copy`` (or ``cuda``), cold loads through the staging ring, the GPU
+  path, with the HF cache written through as the bytes arrive and without it.
 
-Every tool touches one byte of every page of every tensor before its clock stops
+Every tool imports its libraries before its clock starts (huggingface_hub's API
+module and HTTP client too, which ``snapshot_download`` imports), and touches one
+byte of every page of every tensor before its clock stops
 (``safetensors.torch.load_file`` maps the file and would otherwise read nothing).
 Medians are printed with ratios to the row each is compared with; these machines are
-noisy, so read the ratios, not the absolute times. ``hf_transfer`` and ``hf_xet`` are
-used by huggingface_hub when installed and enabled; the script says whether they were.
+noisy, so read the ratios, not the absolute times, and the round-by-round ratios most.
+huggingface_hub 2.x no longer uses ``hf_transfer`` (``HF_HUB_ENABLE_HF_TRANSFER`` only
+warns); ``hf_xet`` speeds up Xet storage only, and the local Hub serves plain HTTP.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -35,6 +43,8 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+
+from bench.stats import geometric_interval  # scripts/bench/, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = "bench/model"
@@ -94,7 +104,7 @@ _TOOLS = {
         """
         import asyncio, gc, json, sys, time
         import torch  # before the clock, as the others do
-        import huggingface_hub  # imported before the clock by the other tools too
+        import huggingface_hub.hf_api  # with its HTTP client, as the others import it
         import aioloader
         gc.collect()
         async def main():
@@ -130,7 +140,7 @@ _TOOLS = {
         """
         import asyncio, gc, json, sys, time
         import torch  # before the clock, as the others do
-        import huggingface_hub  # imported before the clock by the other tools too
+        import huggingface_hub.hf_api  # with its HTTP client, as the others import it
         import aioloader
         gc.collect()
         start = time.perf_counter()
@@ -173,10 +183,52 @@ _TOOLS = {
                           "bytes": sum(t.nbytes for t in got.values())}))
         """
     ),
+    # --staged: a cold load through the staging ring (the GPU path), with and without
+    # the Hugging Face cache written through as the bytes arrive.
+    "staged": textwrap.dedent(
+        """
+        import asyncio, gc, json, os, sys, time
+        import torch
+        import huggingface_hub.hf_api
+        import aioloader
+        from aioloader.devices.staged import HostCopyEngine
+        gc.collect()
+        name = os.environ["BENCH_DEVICE"]
+        device = HostCopyEngine() if name == "host-copy" else name
+        async def main():
+            start = time.perf_counter()
+            cache = os.environ["BENCH_HF_CACHE"] == "1"
+            async with aioloader.Loader(device=device, hf_cache=cache) as loader:
+                got = await loader.load(sys.argv[1])
+                touch(got)
+            loaded = time.perf_counter() - start
+            await aioloader.wait_hf_cache()
+            return loaded, time.perf_counter() - start, sum(t.nbytes for t in got.values())
+        loaded, committed, nbytes = asyncio.run(main())
+        print(json.dumps({"seconds": loaded, "committed": committed, "bytes": nbytes}))
+        """
+    ),
 }
 
 
-def _run(tool: str, env: dict[str, str]) -> dict[str, float]:
+def _read_through(folder: Path) -> None:
+    """Read every file under ``folder`` once, so that it is in the page cache."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb", buffering=0) as file:
+                while file.read(8 << 20):
+                    pass
+
+
+def _run(tool: str, env: dict[str, str], warm: Path | None = None) -> dict[str, float]:
+    # The previous tool's cache files are written back to disk first, not during this
+    # one: huggingface_hub does not sync what it downloads, and the writeback of a GiB
+    # of dirty pages slowed whichever tool ran next to it by up to 2x.
+    os.sync()
+    if warm is not None:
+        # Each warm row starts from the page cache: this VM's proactive reclaim drops
+        # pages unused for a few seconds, so the row run first would read the disk.
+        _read_through(warm)
     done = subprocess.run(
         [sys.executable, "-c", "import torch\n" + _TOUCH + _TOOLS[tool], f"hf://{REPO}", REPO],
         env=env, capture_output=True, text=True, check=False,
@@ -191,6 +243,12 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=512)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--staged",
+        metavar="DEVICE",
+        help="also time cold loads through the staging ring, with and without the HF cache "
+        "written through: host-copy (the GPU path on the CPU) or cuda",
+    )
     parser.add_argument(
         "--storage",
         choices=("nginx", "python"),
@@ -216,7 +274,7 @@ def main() -> None:
         }
         base.pop("HF_TOKEN", None)
         base.pop("HF_HUB_OFFLINE", None)
-        times: dict[str, list[float]] = {tool: [] for tool in _TOOLS}
+        times: dict[str, list[float]] = {tool: [] for tool in _TOOLS if tool != "staged"}
         committed: list[float] = []
         nbytes = 0
         try:
@@ -231,21 +289,38 @@ def main() -> None:
                     }
                     got = _run(tool, env)
                     times[tool].append(got["seconds"])
+                    print(f"round {round_ + 1}: {tool} {got['seconds']:.2f} s", file=sys.stderr)
                     nbytes = int(got["bytes"])
                     if "committed" in got:
                         committed.append(got["committed"])
+                if args.staged:
+                    staged = [("staged-cache", "1"), ("staged-nocache", "0")]
+                    for tool, cache in staged if round_ % 2 == 0 else staged[::-1]:
+                        home = work / f"cache-{round_}-{tool}"
+                        env = {**base, "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub")}
+                        env |= {"BENCH_DEVICE": args.staged, "BENCH_HF_CACHE": cache}
+                        got = _run("staged", env)
+                        times.setdefault(tool, []).append(got["seconds"])
+                        print(f"round {round_ + 1}: {tool} {got['seconds']:.2f} s", file=sys.stderr)
                 warm_env = {
                     **base,
                     "HF_HOME": str(caches["ours"]),
                     "HF_HUB_CACHE": str(caches["ours"] / "hub"),
                 }
-                for tool in ("aioloader-warm", "safetensors-warm", "aioloader-local"):
-                    times[tool].append(_run(tool, warm_env)["seconds"])
+                warm = ["aioloader-warm", "safetensors-warm", "aioloader-local"]
+                # Rotated round by round: on this VM the first process to allocate a
+                # GiB after another freed it pays for the host handing memory back.
+                for tool in warm[round_ % 3 :] + warm[: round_ % 3]:
+                    got = _run(tool, warm_env, warm=caches["ours"] / "hub")
+                    times[tool].append(got["seconds"])
+                    print(f"round {round_ + 1}: {tool} {times[tool][-1]:.2f} s", file=sys.stderr)
         finally:
             assert hub.stdin is not None
             hub.stdin.close()
             hub.wait(timeout=30)
-    transfer = os.environ.get("HF_HUB_ENABLE_HF_TRANSFER", "") not in ("", "0")
+    from importlib.metadata import version
+
+    hub_version = version("huggingface_hub")
     try:
         import hf_xet  # noqa: F401
 
@@ -256,7 +331,7 @@ def main() -> None:
         f"model: {nbytes / (1 << 20):.0f} MiB in {args.shards} shards, {args.repeat} rounds, "
         f"storage host: {args.storage}"
     )
-    print(f"hf_transfer: {'enabled' if transfer else 'not enabled'}; hf_xet: {xet}")
+    print(f"hf_transfer: not used by huggingface_hub {hub_version}; hf_xet: {xet}")
     median = {tool: statistics.median(values) for tool, values in times.items()}
     rows = [
         ("cold: snapshot_download + load_file", "snapshot-then-load", "snapshot-then-load"),
@@ -275,10 +350,31 @@ def main() -> None:
     print(
         f"{'cold: aioloader until its HF cache is written':42} {statistics.median(committed):9.2f}"
     )
+    if args.staged:
+        for tool in ("staged-cache", "staged-nocache"):
+            seconds = median[tool]
+            print(f"{'cold staged (' + args.staged + '): ' + tool:42} {seconds:9.2f} "
+                  f"{nbytes / seconds / 1e9:6.2f}")  # fmt: skip
     print(
         "warm hf:// against aioloader on the folder: "
         f"{median['aioloader-local'] / median['aioloader-warm']:.2f}x"
     )
+    # Round by round: the tools of one round run back to back (see bench/stats.py).
+    for label, ours, theirs in (
+        ("cold hf:// / snapshot-then-load", "aioloader-cold", "snapshot-then-load"),
+        ("warm hf:// / aioloader on the folder", "aioloader-warm", "aioloader-local"),
+        ("staged with the HF cache / without", "staged-cache", "staged-nocache"),
+    ):
+        if not times.get(ours):
+            continue
+        logs = [math.log(t / o) for o, t in zip(times[ours], times[theirs], strict=True)]
+        paired = geometric_interval(logs)
+        if paired is not None:
+            mean, low, high, rounds = paired
+            print(
+                f"{label}, round by round over {rounds} rounds (speed, geometric mean "
+                f"[95% interval]): {mean:.2f} [{low:.2f}, {high:.2f}]"
+            )
 
 
 if __name__ == "__main__":

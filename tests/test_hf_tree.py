@@ -260,3 +260,18 @@ async def test_a_warm_load_cancelled_while_the_hub_is_asked_leaves_nothing(
             await task
         hub.api_delay = 0.0
         assert await loader.load(f"hf://{REPO}"), "the Loader is still usable"
+
+
+async def test_a_warm_load_of_a_private_branch_asks_with_the_token(
+    hub: LocalHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, shards = _commit(tmp_path, hub, 1)
+    hub.private(REPO, {"hf_secret"})
+    hf.snapshot_download(REPO, cache_dir=tmp_path / "hf-cache", endpoint=hub.url, token="hf_secret")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    before, stored = len(hub.log), len(hub.storage.requests)
+    assert_matches_files(await load_model(f"hf://{REPO}"), *shards)
+    asked = hub.log[before:]
+    assert [r.path for r in asked] == [f"/api/models/{REPO}/revision/main"]
+    assert asked[0].headers.get("Authorization") == "Bearer hf_secret"
+    assert len(hub.storage.requests) == stored

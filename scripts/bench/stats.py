@@ -71,6 +71,12 @@ def paired_ratio(ours: ToolResult, other: ToolResult) -> tuple[float, float, flo
         for r in ours.runs
         if (o := theirs.get(r.get("round"))) is not None
     ]
+    return geometric_interval(logs)
+
+
+def geometric_interval(logs: list[float]) -> tuple[float, float, float, int] | None:
+    """The geometric mean of ratios given as their logs, with its 95% percentile
+    bootstrap interval (seeded) and their count; None for fewer than three."""
     if len(logs) < 3:
         return None
     draw = random.Random(0)

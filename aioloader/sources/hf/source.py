@@ -19,12 +19,13 @@ Filling the cache is cache_writes.py's.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import quote
 
 from ...config import HttpOptions
-from ...errors import ClosedError, SourceError
+from ...errors import ClosedError, LoaderError, SourceError
 from ...threads import Lanes, run_in
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
@@ -147,10 +148,29 @@ class HfSource(Source):
     async def current_commit(self, url: str) -> str:
         """The commit ``url``'s revision points to now: the Hub's answer, online.
 
+        Asked with one GET of the revision's API page on the event loop, since it runs
+        beside a warm load (warm_start.py), where huggingface_hub's client in a thread
+        fought the load's threads for the CPU and took up to ten times as long. Any
+        answer but a commit sha is asked again through huggingface_hub, which names
+        the error as a load would.
+
         Raises:
             SourceError: as for a load (access, a missing repository or revision).
         """
-        return (await self._snapshot(parse_hf_url(url))).sha
+        location = parse_hf_url(url)
+        settings = await self._online_settings()
+        page = (
+            f"{settings.endpoint}/api/models/{quote(location.repo_id)}/revision/"
+            + quote(location.revision, safe="")
+        )
+        try:
+            answer = json.loads(await self._store.read_body(url, page, lambda detail: detail))
+        except (LoaderError, ValueError):
+            answer = None
+        sha = answer.get("sha") if isinstance(answer, dict) else None
+        if isinstance(sha, str) and is_commit(sha):
+            return sha
+        return (await self._snapshot(location)).sha
 
     async def list_dir(self, url: str) -> list[str] | None:
         location = parse_hf_url(url)
