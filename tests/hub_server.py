@@ -87,6 +87,7 @@ class LocalHub:
         self._blobs = blobs
         self.valid_tokens: set[str] = set()
         self.api_delay = 0.0  # seconds before each API answer (a slow or distant Hub)
+        self.delays: dict[str, float] = {}  # path fragment -> seconds before its answer
         self._repos: dict[str, _Repo] = {}
         self._log: list[HubRequest] = []
         self._lock = threading.Lock()
@@ -206,6 +207,9 @@ class LocalHub:
         raw = request.raw_path.split("?", 1)[0]
         if self.api_delay and raw.startswith("/api/"):
             await asyncio.sleep(self.api_delay)
+        for part, seconds in list(self.delays.items()):
+            if part in raw:
+                await asyncio.sleep(seconds)
         with self._lock:
             self._log.append(HubRequest(request.method, request.raw_path, dict(request.headers)))
             return self._answer(request, raw.lstrip("/").split("/"))

@@ -275,3 +275,23 @@ async def test_a_warm_load_of_a_private_branch_asks_with_the_token(
     assert [r.path for r in asked] == [f"/api/models/{REPO}/revision/main"]
     assert asked[0].headers.get("Authorization") == "Bearer hf_secret"
     assert len(hub.storage.requests) == stored
+
+
+async def test_two_loads_of_a_moving_branch_in_one_loader_each_get_one_commit(
+    hub: LocalHub, tmp_path: Path
+) -> None:
+    first, first_shards = _commit(tmp_path, hub, 1)
+    second, second_shards = _commit(tmp_path, hub, 2)
+    hub.tag(REPO, "main", first)
+    hub.move_after_first(REPO, "main", second)
+    # The first load is still reading its index when the second resolves the branch.
+    hub.delays["model.safetensors.index.json"] = 1.0
+
+    async def later(loader: Loader) -> dict[str, object]:
+        await asyncio.sleep(0.3)
+        return await loader.load(f"hf://{REPO}")
+
+    async with Loader(hf_cache=False) as loader:
+        one, two = await asyncio.gather(loader.load(f"hf://{REPO}"), later(loader))
+    assert_matches_files(one, *first_shards)
+    assert_matches_files(two, *second_shards)
