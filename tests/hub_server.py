@@ -88,6 +88,7 @@ class LocalHub:
         self.valid_tokens: set[str] = set()
         self.api_delay = 0.0  # seconds before each API answer (a slow or distant Hub)
         self.delays: dict[str, float] = {}  # path fragment -> seconds before its answer
+        self.lying_sha: object = None  # set: the revision's "sha" in every answer
         self._repos: dict[str, _Repo] = {}
         self._log: list[HubRequest] = []
         self._lock = threading.Lock()
@@ -261,6 +262,8 @@ class LocalHub:
         if sha is None:
             return _error(404, "RevisionNotFound", "Invalid rev id")
         files = self._repos[repo].commits[sha]
+        if self.lying_sha is not None:  # a Hub (or a proxy) that answers nonsense
+            sha = self.lying_sha
         siblings = [{"rfilename": path} for path in sorted(files)]
         return web.json_response(
             {

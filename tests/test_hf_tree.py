@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from aioloader import AccessDeniedError, Loader, SourceError, load_model
 from aioloader.sources.hf.cache_writes import wait_hf_cache
@@ -295,3 +298,39 @@ async def test_two_loads_of_a_moving_branch_in_one_loader_each_get_one_commit(
         one, two = await asyncio.gather(loader.load(f"hf://{REPO}"), later(loader))
     assert_matches_files(one, *first_shards)
     assert_matches_files(two, *second_shards)
+
+
+@pytest.mark.parametrize("lie", ["", "main", "z" * 40, "A" * 40, 7, None, ["a" * 40]])
+async def test_a_hub_that_answers_no_commit_fails_the_warm_load_by_name(
+    hub: LocalHub, tmp_path: Path, lie: object
+) -> None:
+    _commit(tmp_path, hub, 1)
+    _snapshot_download(hub, tmp_path)
+    hub.lying_sha = lie if lie is not None else "missing"
+    with pytest.raises(SourceError, match=f"{REPO}@main") as info:
+        await load_model(f"hf://{REPO}")
+    assert "HF_ENDPOINT" in str(info.value) or "try again" in str(info.value)
+
+
+_TWO = """
+import asyncio, sys, torch
+from aioloader import load_model
+got = asyncio.run(load_model(sys.argv[1]))
+print(sum(int(t.view(torch.uint8).sum()) for t in got.values()))
+"""
+
+
+def test_two_processes_start_warm_at_once(hub: LocalHub, tmp_path: Path) -> None:
+    _, shards = _commit(tmp_path, hub, 1)
+    _snapshot_download(hub, tmp_path)
+    from safetensors.torch import load_file
+
+    expected = sum(int(t.view(torch.uint8).sum()) for s in shards for t in load_file(s).values())
+    children = [
+        subprocess.Popen([sys.executable, "-c", _TWO, f"hf://{REPO}"], stdout=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    for child in children:
+        out, _ = child.communicate(timeout=120)
+        assert child.returncode == 0
+        assert int(out) == expected
