@@ -372,10 +372,21 @@ class FaultyHttpServer:
         count: int = 1,
         retry_after: float | None = None,
         body: bytes = b"",
+        *,
+        past: int = 0,
     ) -> None:
-        """Answer ``code`` (with ``Retry-After`` if given) instead of the file."""
+        """Answer ``code`` (with ``Retry-After`` if given) instead of the file; ``past`` as
+        for ``reset_after``."""
         self._add(
-            _Fault("status", _opt(path), count, code=code, retry_after=retry_after, body=body)
+            _Fault(
+                "status",
+                _opt(path),
+                count,
+                code=code,
+                retry_after=retry_after,
+                body=body,
+                past=past,
+            )
         )
 
     def ignore_range(self, path: str | None, enabled: bool = True) -> None:

@@ -143,15 +143,20 @@ async def test_a_load_failing_midway_leaves_no_blob(
     hub: LocalHub, tmp_path: Path, fault: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     shard = _one_file(tmp_path, hub)
+    # Every read of the file's second half fails, whenever it comes: set before the load,
+    # so that no read can run ahead of the fault.
+    half = shard.stat().st_size // 2
+    if fault == "cut":
+        # Cut before any byte of the body: a cut that delivers bytes is progress, which
+        # the retries resume from (and a reset may or may not drop them: timing).
+        hub.storage.reset_after(None, 0, count=10_000, past=half)
+    else:
+        hub.storage.status(None, 500, count=10_000, past=half)
     with pytest.raises(ReadError):
         async with _loader(max_attempts=2) as loader:
             async with loader.stream(f"hf://{REPO}") as stream:
                 async for _ in stream:
-                    # From the first tensor on, every read from the storage host fails.
-                    if fault == "cut":
-                        hub.storage.reset_after(None, 1000, count=10_000)
-                    else:
-                        hub.storage.status(None, 500, count=10_000)
+                    pass
     await wait_hf_cache()
     assert not _blob(tmp_path, shard).exists()
     assert not list((tmp_path / "hf-cache").glob("models--org--model/snapshots/*/*.safetensors"))
