@@ -113,3 +113,51 @@ def test_vllm_serve_a_hub_repository_id(hub_runs: dict[str, Any]) -> None:
     assert len(served) == len(expected)
     assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-5
     assert "aioloader: Loading weights took" in log.read_text()
+
+
+_TRANSFORMERS = """
+import sys, torch, transformers
+repo, folder = sys.argv[1], sys.argv[2]
+outputs = []
+for where in (repo, folder):  # the cache aioloader wrote, offline; then the folder itself
+    tokenizer = transformers.AutoTokenizer.from_pretrained(where)
+    model = transformers.AutoModel.from_pretrained(where).eval()
+    with torch.no_grad():
+        batch = tokenizer(["a warm start from the cache"], return_tensors="pt")
+        outputs.append(model(**batch).last_hidden_state)
+assert torch.equal(outputs[0], outputs[1]), "the cached model computes otherwise"
+print("same")
+"""
+
+
+def test_transformers_starts_offline_from_the_cache_aioloader_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    import subprocess
+
+    from aioloader import load_model, wait_hf_cache
+
+    async def load_and_wait() -> None:
+        await load_model(f"hf://{REPO}")
+        await wait_hf_cache()
+
+    source = model_folder()
+    files = {p.relative_to(source).as_posix(): p.read_bytes() for p in source.rglob("*")
+             if p.is_file()}  # fmt: skip
+    cache = tmp_path / "hf-cache"
+    with LocalHub(tmp_path) as hub:
+        hub.commit(REPO, files)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+        monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        asyncio.run(load_and_wait())
+    offline = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run(
+        [str(VLLM_PYTHON), "-c", _TRANSFORMERS, REPO, str(source)],
+        env=vllm_env() | offline | {"HF_TOKEN_PATH": str(tmp_path / "no-token")},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "same", done.stderr[-3000:]
