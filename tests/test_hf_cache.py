@@ -87,13 +87,17 @@ async def test_the_cache_is_the_one_huggingface_hub_writes(hub: LocalHub, tmp_pa
     assert (ours / "models--org--model" / "refs" / "main").read_text() == sha
     assert not list(ours.rglob("*.tmp")), "no temporary file is left"
     # huggingface_hub's offline readers accept what we wrote.
+    assert_huggingface_hub_accepts(hub, ours, sha, folder)
+
+
+def assert_huggingface_hub_accepts(hub: LocalHub, ours: Path, sha: str, folder: Path) -> None:
+    """huggingface_hub's offline readers and its checksum check accept the cache ``ours``
+    holding ``folder``'s files at ``sha``, every tensor bit for bit."""
     snapshot = Path(hf.snapshot_download(REPO, cache_dir=ours, local_files_only=True))
     assert snapshot.name == sha
-    for shard in shards:
+    for shard in sorted(folder.glob("*.safetensors")):
         path = hf.hf_hub_download(REPO, shard.name, cache_dir=ours, local_files_only=True)
-        reference = load_file(shard)
-        for name, tensor in load_file(path).items():
-            assert torch.equal(tensor.view(torch.uint8), reference[name].view(torch.uint8))
+        assert_matches_files(load_file(path), shard)
     config = hf.hf_hub_download(REPO, "config.json", cache_dir=ours, local_files_only=True)
     assert json.loads(Path(config).read_text()) == {"model_type": "test"}
     verification = hf.HfApi(endpoint=hub.url, token=False).verify_repo_checksums(

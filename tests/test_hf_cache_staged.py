@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import random
 import subprocess
@@ -35,7 +34,14 @@ from aioloader.threads import Lanes
 from . import test_hf
 from .helpers import assert_matches_files, random_tensors, write_file
 from .hub_server import LocalHub
-from .test_hf_cache import REPO, _assert_every_blob_whole, _oracle, _repo, _tree
+from .test_hf_cache import (
+    REPO,
+    _assert_every_blob_whole,
+    _oracle,
+    _repo,
+    _tree,
+    assert_huggingface_hub_accepts,
+)
 
 hub = test_hf.hub  # the local Hub fixture; its hub cache is tmp_path / "hf-cache"
 _files = test_hf._files
@@ -95,18 +101,7 @@ async def test_a_staged_load_fills_the_cache_huggingface_hub_writes(
     assert _tree(ours) == _tree(_oracle(hub, tmp_path))
     assert (ours / "models--org--model" / "refs" / "main").read_text() == sha
     assert not _temporaries(tmp_path)
-    snapshot = Path(hf.snapshot_download(REPO, cache_dir=ours, local_files_only=True))
-    assert snapshot.name == sha
-    for shard in shards:
-        path = hf.hf_hub_download(REPO, shard.name, cache_dir=ours, local_files_only=True)
-        assert_matches_files(load_file(path), shard)
-    config = hf.hf_hub_download(REPO, "config.json", cache_dir=ours, local_files_only=True)
-    assert json.loads(Path(config).read_text()) == {"model_type": "test"}
-    verification = hf.HfApi(endpoint=hub.url, token=False).verify_repo_checksums(
-        REPO, cache_dir=ours
-    )
-    assert not verification.mismatches and not verification.missing_paths
-    assert verification.checked_count == len(_files(folder))
+    assert_huggingface_hub_accepts(hub, ours, sha, folder)
 
     # A warm load, staged too, reads the cache: no byte from the storage host.
     before = len(hub.storage.requests)
