@@ -159,9 +159,8 @@ class HfSource(Source):
         """
         location = parse_hf_url(url)
         settings = await self._online_settings()
-        page = (
-            f"{settings.endpoint}/api/models/{quote(location.repo_id)}/revision/"
-            + quote(location.revision, safe="")
+        page = f"{settings.endpoint}/api/models/{quote(location.repo_id)}/revision/" + quote(
+            location.revision, safe=""
         )
         try:
             answer = json.loads(await self._store.read_body(url, page, lambda detail: detail))
