@@ -14,8 +14,9 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
+
+from .lifetime import StartStop
 
 __all__ = ["AZURITE", "AzuriteServer"]
 
@@ -27,7 +28,7 @@ ACCOUNT = "devstoreaccount1"
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-class AzuriteServer:
+class AzuriteServer(StartStop):
     """Use as ``with AzuriteServer() as azurite:``."""
 
     def __init__(self) -> None:
@@ -58,14 +59,6 @@ class AzuriteServer:
             self._process.terminate()
             self._process.wait(10)
             self._process = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     @property
     def endpoint(self) -> str:

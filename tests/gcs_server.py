@@ -15,14 +15,15 @@ import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote, urlencode
+
+from .lifetime import StartStop
 
 __all__ = ["GcsEmulator"]
 
 
-class GcsEmulator:
+class GcsEmulator(StartStop):
     """Use as ``with GcsEmulator() as gcs:``; ``gcs.endpoint`` is its base URL."""
 
     def __init__(self) -> None:
@@ -43,14 +44,6 @@ class GcsEmulator:
         if self._server is not None:
             self._server.stop()
             self._server = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     @property
     def endpoint(self) -> str:

@@ -23,10 +23,11 @@ from collections import Counter
 from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
-from types import TracebackType
 from typing import NamedTuple, Self
 
 from aiohttp import web
+
+from .lifetime import StartStop
 
 __all__ = ["FaultyHttpServer", "RequestRecord"]
 
@@ -139,7 +140,7 @@ def _etag_matches(header: str, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
-class FaultyHttpServer:
+class FaultyHttpServer(StartStop):
     """Serves files under ``root`` over HTTP/1.1, and misbehaves on request.
 
     Use as ``with FaultyHttpServer(root) as server:``. GET and HEAD honour single
@@ -236,17 +237,6 @@ class FaultyHttpServer:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         self._loop = self._runner = self._thread = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- addresses and counters -------------------------------------------------------
 

@@ -25,13 +25,13 @@ import hashlib
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 from urllib.parse import unquote
 
 from aiohttp import web
 
 from .http_server import FaultyHttpServer, _parse_range
+from .lifetime import StartStop
 
 __all__ = ["HubRequest", "LocalHub"]
 
@@ -73,7 +73,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class LocalHub:
+class LocalHub(StartStop):
     """A Hub on 127.0.0.1 with a storage host beside it; ``with LocalHub(tmp) as hub:``.
 
     Args:
@@ -88,7 +88,7 @@ class LocalHub:
         self.valid_tokens: set[str] = set()
         self.api_delay = 0.0  # seconds before each API answer (a slow or distant Hub)
         self.delays: dict[str, float] = {}  # path fragment -> seconds before its answer
-        self.lying_sha: object = None  # set: the revision's "sha" in every answer
+        self.lying_sha: Any = None  # set: the revision's "sha" in every answer
         self._repos: dict[str, _Repo] = {}
         self._log: list[HubRequest] = []
         self._lock = threading.Lock()
@@ -185,17 +185,6 @@ class LocalHub:
             thread.join(timeout=10)
         self._loop = self._runner = self._thread = None
         self.storage.stop()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     @property
     def url(self) -> str:

@@ -12,8 +12,9 @@ import json
 import os
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
+
+from .lifetime import StartStop
 
 if TYPE_CHECKING:
     import pytest
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["MotoS3Server"]
 
 
-class MotoS3Server:
+class MotoS3Server(StartStop):
     """moto's S3 implementation behind a real HTTP endpoint on 127.0.0.1.
 
     Use as ``with MotoS3Server() as server:``; ``server.endpoint`` is the base URL and
@@ -80,17 +81,6 @@ class MotoS3Server:
         inner = getattr(server, "_server", None)
         if inner is not None:
             inner.server_close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     @property
     def port(self) -> int:

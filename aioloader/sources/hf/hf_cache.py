@@ -138,11 +138,14 @@ class HfCache:
             return None
         return commit if is_commit(commit) else None
 
-    def cached_commit(self, revision: str) -> str | None:
-        """The commit of ``revision``'s ref, when the cache holds that commit's listing
-        too (a load can start from it: warm_start.py); else None."""
+    def cached_snapshot(self, revision: str) -> Snapshot | None:
+        """The commit of ``revision``'s ref with its files, when the cache holds that
+        commit's listing too (a load can start from it: warm_start.py); else None."""
         commit = self.read_ref(revision)
-        return commit if commit and self.read_tree(commit) is not None else None
+        tree = self.read_tree(commit) if commit else None
+        if commit is None or tree is None:
+            return None
+        return Snapshot.of_tree(self.repo_id, commit, commit, tree)
 
     def _tree_file(self, commit: str) -> Path:
         return self.folder / "trees" / f"{commit}.json"

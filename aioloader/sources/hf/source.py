@@ -128,9 +128,7 @@ class HfSource(Source):
                 snapshot = await run_in(
                     self._lanes.setup, resolve_snapshot, online, location, cache
                 )
-        self._snapshots[(snapshot.repo_id, snapshot.sha)] = snapshot
-        while len(self._snapshots) > _KEPT_SNAPSHOTS:
-            self._snapshots.popitem(last=False)
+        self._keep(snapshot)
         if not is_commit(location.revision):
             self._pins[key] = snapshot.sha
         return snapshot
@@ -143,7 +141,11 @@ class HfSource(Source):
         if settings.offline or is_commit(location.revision):
             return None
         cache = HfCache(settings.cache, location.repo_id)
-        return await run_in(self._lanes.setup, cache.cached_commit, location.revision)
+        snapshot = await run_in(self._lanes.setup, cache.cached_snapshot, location.revision)
+        if snapshot is None:
+            return None
+        self._keep(snapshot)  # the load of that commit finds its listing here
+        return snapshot.sha
 
     async def current_commit(self, url: str) -> str:
         """The commit ``url``'s revision points to now: the Hub's answer, online.
@@ -170,6 +172,11 @@ class HfSource(Source):
         if isinstance(sha, str) and is_commit(sha):
             return sha
         return (await self._snapshot(location)).sha
+
+    def _keep(self, snapshot: Snapshot) -> None:
+        self._snapshots[(snapshot.repo_id, snapshot.sha)] = snapshot
+        while len(self._snapshots) > _KEPT_SNAPSHOTS:
+            self._snapshots.popitem(last=False)
 
     async def list_dir(self, url: str) -> list[str] | None:
         location = parse_hf_url(url)
