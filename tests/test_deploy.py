@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+import aioloader
 from aioloader.daemon import app
 from aioloader.daemon.config import _OPTIONS, DEFAULT_GRACE_PERIOD, DEFAULT_PORT
 from aioloader.vllm import KEYS
@@ -22,6 +24,19 @@ from aioloader.vllm import KEYS
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S = DEPLOY / "kubernetes"
 KSERVE = DEPLOY / "kserve"
+SOURCES = Path(aioloader.__file__).parent / "sources"
+PYPROJECT = DEPLOY.parent / "pyproject.toml"
+# What a URL scheme needs beyond aioloader's own dependencies: pyproject's extra, and the
+# source package whose import error names it. https:// takes in Azure's
+# https://<account>.blob.core.windows.net URLs, whose account keys need azure.
+SCHEME_EXTRAS: dict[str, dict[str, str]] = {
+    "http": {},
+    "s3": {},
+    "https": {"azure": "azure"},
+    "az": {"azure": "azure"},
+    "gs": {"gcs": "gcs"},
+    "hf": {"hf": "hf"},
+}
 DAEMON_VARIABLES = {env for _, env, _ in _OPTIONS} | {
     "AIOLOADER_MODELS",
     "AIOLOADER_ALLOW_PREFIXES",
@@ -128,6 +143,49 @@ def test_daemonset_speaks_the_daemons_settings_and_routes() -> None:
     assert service_port["targetPort"] == port["name"]
 
 
+def _image_extras() -> set[str]:
+    """The extras deploy/install.sh installs the wheel with (``"$wheel[a,b]"``, or
+    ``"$wheel[$extras]"`` with ``extras=a,b`` set above it)."""
+    install = (DEPLOY / "install.sh").read_text()
+    (given,) = re.findall(r"pip install .*\"\$wheel\[([^\]]+)\]\"", install)
+    if given.startswith("$"):
+        (given,) = re.findall(rf"^{re.escape(given[1:])}=(\S+)$", install, re.MULTILINE)
+    return set(given.split(","))
+
+
+def _routed_schemes() -> set[str]:
+    """The URL schemes the ClusterStorageContainer sends to the image."""
+    formats = _load(KSERVE / "clusterstoragecontainer.yaml")["spec"]["supportedUriFormats"]
+    schemes = set()
+    for given in formats:
+        if "prefix" in given:
+            scheme, separator, _ = given["prefix"].partition("://")
+            assert separator, given
+            schemes.add(scheme)
+        else:
+            candidates = set(SCHEME_EXTRAS) | {"file", "ftp", "gcs", "oci", "pvc"}
+            schemes |= {s for s in candidates if re.fullmatch(given["regex"], f"{s}://h/m")}
+    return schemes
+
+
+def test_the_image_installs_a_client_for_every_scheme_it_is_sent() -> None:
+    routed = _routed_schemes()
+    served = set(app._SCHEMES) | routed
+    assert served <= set(SCHEME_EXTRAS), "a scheme this test does not know: add it above"
+    extras = set(tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"])
+    needed = {"daemon"}
+    for scheme in served:
+        for extra, package in SCHEME_EXTRAS[scheme].items():
+            assert extra in extras, extra
+            text = "".join(p.read_text() for p in (SOURCES / package).glob("*.py"))
+            assert f"aioloader[{extra}]" in text, (scheme, package, extra)
+            needed.add(extra)
+    missing = needed - _image_extras()
+    assert not missing, (
+        f"deploy/install.sh installs no {sorted(missing)}, yet {sorted(served)} reach the image"
+    )
+
+
 def test_dockerfile() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
     for image in re.findall(r"^FROM (\S+)", text, re.MULTILINE):
@@ -138,8 +196,7 @@ def test_dockerfile() -> None:
     assert json.loads(entrypoint) == ["aioloader", "serve"]
     assert "torch" not in text.replace("no torch", "")
     assert "deploy/install.sh" in text  # the step scripts/deploy_check.sh runs outside Docker
-    install = (DEPLOY / "install.sh").read_text()
-    assert "[daemon,uvloop]" in install
+    assert {"daemon", "uvloop"} <= _image_extras()
 
 
 def test_inferenceservice() -> None:
