@@ -5,8 +5,9 @@
 #    (.venv-deploy holds the tool); KServe's custom resources are checked by
 #    tests/test_deploy.py instead, which parses them;
 # 2. the Dockerfile's install step (deploy/install.sh) runs in a fresh venv with the wheel
-#    of this checkout, and the image's entrypoint, `aioloader serve`, answers /health and
-#    /ready from there, then stops on SIGTERM.
+#    of this checkout, and the image's entrypoint, `aioloader serve`, with a token made as
+#    deploy/kubernetes/kustomization.yaml says, answers /health and /ready from there,
+#    refuses /v1/models without the token and answers it with it, then stops on SIGTERM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KUBERNETES_VERSION=${KUBERNETES_VERSION:-1.37.0}
@@ -16,8 +17,10 @@ if [ ! -x .venv-deploy/bin/kubernetes-validate ]; then
     "$PYTHON" -m venv .venv-deploy
     .venv-deploy/bin/python -m pip install --quiet "kubernetes-validate==1.37.0"
 fi
-manifests=(deploy/kubernetes/namespace.yaml deploy/kubernetes/secret.yaml
-           deploy/kubernetes/daemonset.yaml deploy/kubernetes/service.yaml)
+manifests=()
+for manifest in deploy/kubernetes/*.yaml; do
+    [ "$manifest" = deploy/kubernetes/kustomization.yaml ] || manifests+=("$manifest")
+done
 .venv-deploy/bin/kubernetes-validate --strict --quiet -k "$KUBERNETES_VERSION" "${manifests[@]}"
 scratch=$(mktemp -d)
 daemon=
@@ -37,11 +40,13 @@ bash scripts/setup.sh
 .venv/bin/python -m build --quiet --wheel --outdir "$scratch/dist" . >/dev/null
 sh deploy/install.sh "$scratch/venv" "$scratch"/dist/aioloader-*-py3-none-any.whl
 port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-AIOLOADER_CACHE_DIR="$scratch/cache" "$scratch/venv/bin/aioloader" serve \
-    --host 127.0.0.1 --port "$port" >"$scratch/serve.log" 2>&1 &
+# The token as the Secret's documented command makes it.
+token=$(openssl rand -hex 32)
+AIOLOADER_CACHE_DIR="$scratch/cache" AIOLOADER_TOKEN="$token" "$scratch/venv/bin/aioloader" \
+    serve --host 127.0.0.1 --port "$port" >"$scratch/serve.log" 2>&1 &
 daemon=$!
-"$scratch/venv/bin/python" - "$port" <<'PY'
-import sys, time, urllib.request
+AIOLOADER_TOKEN="$token" "$scratch/venv/bin/python" - "$port" <<'PY'
+import os, sys, time, urllib.error, urllib.request
 
 base = f"http://127.0.0.1:{sys.argv[1]}"
 deadline = time.monotonic() + 30
@@ -55,6 +60,15 @@ while True:
         if time.monotonic() > deadline:
             raise
         time.sleep(0.2)
+try:
+    urllib.request.urlopen(base + "/v1/models", timeout=5)
+    raise AssertionError("/v1/models answered without the token")
+except urllib.error.HTTPError as error:
+    assert error.code == 401, error.code
+bearer = {"Authorization": f"Bearer {os.environ['AIOLOADER_TOKEN']}"}
+request = urllib.request.Request(base + "/v1/models", headers=bearer)
+with urllib.request.urlopen(request, timeout=5) as answer:
+    assert answer.status == 200, answer.status
 PY
 kill -TERM "$daemon"
 status=0
