@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import numpy as np
@@ -11,12 +12,26 @@ from ..dtypes import numpy_dtype
 from ..errors import ConfigError
 from ..plan import Span
 from ..safetensors import TensorInfo
+from .cuda_versions import cuda_mismatch, runtime_version
 from .staged import CopyEngine
 
 __all__ = ["CupyEngine"]
 
 _POLL_FIRST = 0.0002
 _POLL_MAX = 0.002
+
+
+def _check_torch_agrees(cupy: Any) -> None:
+    """Refuse CuPy built for another CUDA major than torch's, when torch is loaded
+    (not imported here: a process without torch has one CUDA runtime, CuPy's)."""
+    torch = sys.modules.get("torch")
+    version = getattr(getattr(torch, "version", None), "cuda", None)
+    if version is None:
+        return
+    ours = runtime_version(cupy.cuda.runtime.runtimeGetVersion())
+    reason = cuda_mismatch(ours, version)
+    if reason is not None:
+        raise ConfigError(f"framework='cupy': {reason}")
 
 
 class CupyEngine(CopyEngine):
@@ -30,7 +45,12 @@ class CupyEngine(CopyEngine):
         try:
             import cupy
         except ImportError as exc:
-            raise ConfigError("framework='cupy' needs CuPy: pip install 'aioloader[gpu]'") from exc
+            raise ConfigError(
+                "framework='cupy' needs CuPy built for your CUDA: pip install "
+                "'aioloader[gpu-cuda12]' or 'aioloader[gpu-cuda13]' (torch's CUDA, if torch "
+                "is in the process: torch.version.cuda)"
+            ) from exc
+        _check_torch_agrees(cupy)
         if cupy.cuda.runtime.getDeviceCount() <= device:
             raise ConfigError(f"CUDA device {device} does not exist for CuPy")
         self._cupy = cupy
