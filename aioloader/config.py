@@ -86,9 +86,13 @@ def check_number(
 def parse_size(value: object, *, what: str = "size") -> int:
     """Parse ``16MiB``, ``2G``, ``4096`` or an int into a byte count.
 
+    ``KB``/``MB``/``GB``/``TB`` are powers of 1000, ``KiB``/``MiB``/``GiB``/``TiB``
+    powers of 1024 (the prefix in either case); the ``B`` may be left out (``2G``).
+
     Raises:
         ConfigError: the value is not a size (a bool, a float, a negative or endless
-            number, text that does not read as one).
+            number, text that does not read as one), or its unit has a lower-case
+            ``b`` (``1Gb``, ``16mb``): bits or bytes, the writer's meaning is not known.
     """
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError(
@@ -106,10 +110,26 @@ def parse_size(value: object, *, what: str = "size") -> int:
             "e.g. 16MiB, 2GiB"
         )
     number, unit = match.groups()
+    if unit and unit.endswith("b"):
+        raise ConfigError(_ambiguous(what, value, number, unit[:-1]))
     scaled = float(number) * _UNITS[(unit or "").lower()]
     if not math.isfinite(scaled):
         raise ConfigError(f"{what}: {_shown(value)} is too large to be a size")
     return int(scaled)
+
+
+def _ambiguous(what: str, value: str, number: str, prefix: str) -> str:
+    """Why a unit with a lower-case ``b`` (``Gb``, ``mb``, ``Kib``) is refused: ``b`` is a
+    bit, ``B`` a byte, and which one the writer meant cannot be told."""
+    p = prefix[:1].upper()
+    forms = f"{number}B"
+    if p:
+        forms = f"{number}{p}B (powers of 1000) or {number}{p}iB (powers of 1024)"
+    return (
+        f"{what}: {_shown(value)} is ambiguous: a lower-case b means bits, a capital B "
+        f"bytes. Write bytes, e.g. {forms}; a rate known in bits is an eighth of that in "
+        "bytes (1 Gb/s is 125MB/s)"
+    )
 
 
 def format_size(n: float) -> str:
@@ -256,8 +276,11 @@ class HttpOptions:
         if isinstance(self.headers, dict):
             object.__setattr__(self, "headers", tuple(self.headers.items()))
         check_number("max_attempts", self.max_attempts, integer=True, positive=True)
-        for name in ("backoff", "backoff_max", "stall_timeout", "connect_timeout"):
+        for name in ("backoff", "backoff_max"):
             check_number(name, getattr(self, name), maximum=MAX_SECONDS)
+        # A timeout of 0 fails every connection and every read at once.
+        for name in ("stall_timeout", "connect_timeout"):
+            check_number(name, getattr(self, name), positive=True, maximum=MAX_SECONDS)
         check_number("min_speed", self.min_speed)
         check_number("speed_window", self.speed_window, positive=True, maximum=MAX_SECONDS)
         if self.deadline is not None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, TypedDict
 
 from .config import HttpOptions, Limits, S3Options
+from .environment import warn_unknown_variables
 from .errors import ConfigError
 
 __all__ = ["KEYWORDS", "Keyword", "LoadKeywords", "LoadOptions"]
@@ -388,6 +389,7 @@ class LoadOptions:
                 wrong type or out of range, or an environment variable that does not parse.
         """
         environ = os.environ if environ is None else environ
+        warn_unknown_variables(environ)  # a misspelt AIOLOADER_* is said, once
         base = base or cls()
         for name in given:
             if name not in _BY_NAME and name not in _OBJECTS:

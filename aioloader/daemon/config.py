@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import MAX_SECONDS, check_number, parse_size
+from ..environment import warn_unknown_variables
 from ..errors import ConfigError
 from .allow import AllowList
 from .bandwidth import check_bandwidth
@@ -221,6 +222,7 @@ def config_from_args(
     Raises:
         ConfigError: a value cannot be read.
     """
+    warn_unknown_variables(environ)  # a misspelt AIOLOADER_* is said at startup
 
     def pick(attr: str, env: str) -> str | None:
         value: str | None = getattr(args, attr, None)
