@@ -210,6 +210,7 @@ class Loader:
                 lanes=self._lanes,
                 http=self.options.http,
                 s3=self.options.s3,
+                hf_check=self._hf_check() if scheme_of(urls[0]) == "hf" else None,
             )
         if cached and scheme_of(urls[0]) == "hf" and self._cache is None:
             return self._hf_cache_writes(store, source)
@@ -227,6 +228,11 @@ class Loader:
                 write_after=not self._device.copies,
             )
         return caching
+
+    def _hf_check(self) -> Any:
+        from .sources.hf.revision import RevisionCheck
+
+        return RevisionCheck(self.options.hf_revision_timeout, self.options.hf_fresh)
 
     def _hf_cache_writes(self, store: str, source: Source) -> Source:
         if not self.options.hf_cache:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypedDict
 
-from .config import HttpOptions, Limits, S3Options
+from .config import MAX_SECONDS, HttpOptions, Limits, S3Options, check_number
 from .environment import warn_unknown_variables
 from .errors import ConfigError
 
@@ -256,6 +256,24 @@ KEYWORDS: tuple[Keyword, ...] = (
         env=True,
     ),
     Keyword(
+        "hf_revision_timeout",
+        "load",
+        "hf_revision_timeout",
+        (int, float),
+        "seconds to ask the Hub where a cached hf:// branch is before loading the cached commit",
+        parse=_seconds,
+        env=True,
+    ),
+    Keyword(
+        "hf_fresh",
+        "load",
+        "hf_fresh",
+        (bool,),
+        "fail, not load the cached commit, when the Hub does not say where an hf:// branch is",
+        parse=_switch,
+        env=True,
+    ),
+    Keyword(
         "device",
         "load",
         "device",
@@ -301,6 +319,8 @@ class LoadKeywords(TypedDict, total=False):
     s3_profile: str | None
     cache_dir: Any
     hf_cache: bool | None
+    hf_revision_timeout: float | None
+    hf_fresh: bool | None
     device: Any
     framework: str | None
     limits: Limits | None
@@ -362,6 +382,10 @@ class LoadOptions:
             ``None`` for ``$AIOLOADER_CACHE_DIR`` (resolved by ``build``).
         hf_cache: hf:// loads into host memory also fill the Hugging Face hub cache
             (not when ``cache_dir`` is set: the node cache keeps those files then).
+        hf_revision_timeout: seconds an hf:// branch or tag the hub cache holds is asked
+            about, every attempt included; without an answer the cached commit is
+            loaded, with a warning (sources/hf/revision.py).
+        hf_fresh: fail instead, when the Hub gives no answer.
         group: a ``torch.distributed`` gloo group whose ranks share the reads.
     """
 
@@ -372,7 +396,14 @@ class LoadOptions:
     s3: S3Options | None = None
     cache_dir: Any = None
     hf_cache: bool = True
+    hf_revision_timeout: float = 10.0
+    hf_fresh: bool = False
     group: Any = None
+
+    def __post_init__(self) -> None:
+        check_number(
+            "hf_revision_timeout", self.hf_revision_timeout, positive=True, maximum=MAX_SECONDS
+        )
 
     @classmethod
     def build(
@@ -432,6 +463,8 @@ class LoadOptions:
             s3=s3,
             cache_dir=False if cache_dir is None else cache_dir,
             hf_cache=load.get("hf_cache", base.hf_cache),
+            hf_revision_timeout=load.get("hf_revision_timeout", base.hf_revision_timeout),
+            hf_fresh=load.get("hf_fresh", base.hf_fresh),
             group=given.get("group", base.group),
         )
 

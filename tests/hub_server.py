@@ -11,8 +11,10 @@ Errors carry the Hub's ``X-Error-Code`` / ``X-Error-Message`` headers, as the Hu
 sends them: anonymous requests for a private or missing repository get 401.
 
 Fault modes: a token required (``private``), ``gated``, ``move_after_first`` (a
-branch moves to another commit after its first revision request), and the
-storage server's own faults (``hub.storage.status(...)``, ``short_body(...)``).
+branch moves to another commit after its first revision request), a path that is
+answered late (``delays``), never (``hang``: the request is read and logged, and
+no answer comes) or with a status (``statuses``), and the storage server's own
+faults (``hub.storage.status(...)``, ``short_body(...)``).
 Every request is recorded with its headers (``hub.log``; the storage host has
 its own ``request_headers``).
 """
@@ -88,6 +90,8 @@ class LocalHub(StartStop):
         self.valid_tokens: set[str] = set()
         self.api_delay = 0.0  # seconds before each API answer (a slow or distant Hub)
         self.delays: dict[str, float] = {}  # path fragment -> seconds before its answer
+        self.hang: set[str] = set()  # path fragments read and logged, never answered
+        self.statuses: dict[str, int] = {}  # path fragment -> the status it is answered
         self.lying_sha: Any = None  # set: the revision's "sha" in every answer
         self._repos: dict[str, _Repo] = {}
         self._log: list[HubRequest] = []
@@ -95,6 +99,7 @@ class LocalHub(StartStop):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
+        self._stopping = asyncio.Event()  # set when the server stops (made anew in _serve)
         self._port = 0
 
     # -- content ----------------------------------------------------------------------
@@ -122,6 +127,11 @@ class LocalHub(StartStop):
         """Point the ref ``name`` (a tag, a branch) at ``sha``."""
         with self._lock:
             self._repos[repo].refs[name] = sha
+
+    def untag(self, repo: str, name: str) -> None:
+        """Delete the ref ``name`` (a branch or tag) of ``repo``."""
+        with self._lock:
+            del self._repos[repo].refs[name]
 
     def private(self, repo: str, tokens: set[str]) -> None:
         """Only requests with one of ``tokens`` may see ``repo`` (they become valid)."""
@@ -167,6 +177,7 @@ class LocalHub(StartStop):
         return self
 
     async def _serve(self) -> None:
+        self._stopping = asyncio.Event()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
@@ -179,6 +190,7 @@ class LocalHub(StartStop):
         """Stop the Hub and the storage host."""
         loop, runner, thread = self._loop, self._runner, self._thread
         if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(self._stopping.set)  # the hung requests end
             if runner is not None:
                 asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
             loop.call_soon_threadsafe(loop.stop)
@@ -202,6 +214,13 @@ class LocalHub(StartStop):
                 await asyncio.sleep(seconds)
         with self._lock:
             self._log.append(HubRequest(request.method, request.raw_path, dict(request.headers)))
+        if any(part in raw for part in list(self.hang)):
+            await self._stopping.wait()  # no answer, until the server stops
+            return _error(503, "", "the local Hub is stopping")
+        for part, status in list(self.statuses.items()):
+            if part in raw:
+                return _error(status, "", f"HTTP {status} from the local Hub")
+        with self._lock:
             return self._answer(request, raw.lstrip("/").split("/"))
 
     def _answer(self, request: web.Request, parts: list[str]) -> web.StreamResponse:
@@ -251,12 +270,13 @@ class LocalHub(StartStop):
         if sha is None:
             return _error(404, "RevisionNotFound", "Invalid rev id")
         files = self._repos[repo].commits[sha]
+        identity = sha[:24]
         if self.lying_sha is not None:  # a Hub (or a proxy) that answers nonsense
             sha = self.lying_sha
         siblings = [{"rfilename": path} for path in sorted(files)]
         return web.json_response(
             {
-                "_id": sha[:24],
+                "_id": identity,
                 "id": repo,
                 "modelId": repo,
                 "sha": sha,

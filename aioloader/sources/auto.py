@@ -6,6 +6,7 @@ aioloader imports neither aiohttp nor the remote stores' modules.
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlparse
 
 from ..config import HttpOptions, S3Options
@@ -17,8 +18,15 @@ __all__ = ["scheme_of", "source_for", "store_of"]
 
 
 def scheme_of(url: str) -> str:
-    """``file`` for paths and file:// URLs, else the lower-cased URL scheme."""
-    scheme = urlparse(url).scheme.lower()
+    """``file`` for paths and file:// URLs, else the lower-cased URL scheme.
+
+    Raises:
+        ConfigError: ``url`` cannot be parsed (``http://[bad``: a bracket not closed).
+    """
+    try:
+        scheme = urlparse(url).scheme.lower()
+    except ValueError as exc:  # "Invalid IPv6 URL", a host in brackets that is no address
+        raise ConfigError(f"{url!r} is not a valid URL ({exc}); check it for typos") from None
     # A one-letter scheme is a Windows drive ("C:\\..."), not a URL.
     return "file" if len(scheme) <= 1 else scheme
 
@@ -54,9 +62,12 @@ def source_for(
     lanes: Lanes,
     http: HttpOptions | None = None,
     s3: S3Options | None = None,
+    hf_check: Any = None,
 ) -> Source:
     """A new Source able to read ``url``, with the threads of ``lanes`` (owned by the
     caller, closed after the source); ``lanes.concurrency`` bounds its requests.
+    ``hf_check`` is how an ``hf://`` source checks a branch the hub cache holds (a
+    ``RevisionCheck``, sources/hf/revision.py; None: the defaults).
 
     Raises:
         ConfigError: no backend reads this kind of URL.
@@ -85,7 +96,7 @@ def source_for(
     if scheme == "hf":
         from .hf.source import HfSource
 
-        return HfSource(lanes, http)
+        return HfSource(lanes, http, hf_check)
     raise ConfigError(
         f"{url}: URL scheme {scheme!r} is not supported; aioloader reads local paths, "
         "file://, http://, https://, s3://, gs://, az:// and hf:// URLs"

@@ -79,8 +79,11 @@ class HubSettings:
         return dataclasses.replace(self, token=_hub().get_token())
 
 
-def resolve_snapshot(settings: HubSettings, location: HfLocation, cache: HfCache) -> Snapshot:
-    """The commit ``location.revision`` points to now, and the repository's files at it.
+def resolve_snapshot(
+    settings: HubSettings, location: HfLocation, cache: HfCache, sha: str | None = None
+) -> Snapshot:
+    """The commit ``location.revision`` points to now (``sha`` when the caller knows
+    it already), and the repository's files at it.
 
     A commit's listing kept in the hub cache (``trees/<commit>.json``, tree.py) is
     used instead of asking the Hub for it: a branch or tag costs one request (the
@@ -99,7 +102,8 @@ def resolve_snapshot(settings: HubSettings, location: HfLocation, cache: HfCache
     hub = _hub()
     api = hub.HfApi(endpoint=settings.endpoint, token=settings.token or False)
     try:
-        sha = revision if is_commit(revision) else api.model_info(repo, revision=revision).sha
+        if sha is None:
+            sha = revision if is_commit(revision) else api.model_info(repo, revision=revision).sha
         if not isinstance(sha, str) or not is_commit(sha):
             raise SourceError(
                 f"{location.url()}: {settings.endpoint} gave no commit sha for {repo}@{revision}; "

@@ -8,7 +8,9 @@ through the shared HTTP machinery (ranges, retries, pinned ETags), following the
 redirect to the storage host; the token goes to the Hub only (signer.py).
 
 A long-lived Loader keeps one HfSource: each load of a branch or tag resolves it
-again, and the files it then joins are read at that commit.
+again, and the files it then joins are read at that commit. A branch or tag the
+hub cache holds is asked about under a deadline, and read at its cached commit
+when the Hub gives no answer (revision.py).
 
 A file the Hugging Face hub cache already holds at that commit (written by
 aioloader or by huggingface_hub) is read from there, as a local file. With
@@ -19,13 +21,13 @@ Filling the cache is cache_writes.py's.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import quote
 
 from ...config import HttpOptions
-from ...errors import ClosedError, LoaderError, SourceError
+from ...errors import ClosedError, SourceError
 from ...threads import Lanes, run_in
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
@@ -33,6 +35,7 @@ from ..file import FileSource
 from ..http.store import HttpStore
 from .hf_cache import HfCache
 from .hub import HubSettings, resolve_snapshot
+from .revision import NoAnswer, RevisionCheck, ask_commit
 from .signer import HubSigner
 from .snapshot import Snapshot
 from .url import HfLocation, is_commit, parse_hf_url
@@ -72,12 +75,16 @@ class HfSource(Source):
     Args:
         lanes: the owner's threads; ``lanes.concurrency`` requests in flight at most.
         http: retries and timeouts.
+        check: how a branch or tag the hub cache holds is checked (revision.py).
     """
 
     scheme_name = "Hugging Face Hub"
 
-    def __init__(self, lanes: Lanes, http: HttpOptions | None = None) -> None:
+    def __init__(
+        self, lanes: Lanes, http: HttpOptions | None = None, check: RevisionCheck | None = None
+    ) -> None:
         self._lanes = lanes
+        self._check = check or RevisionCheck()
         self._signer = HubSigner()
         self._store = HttpStore(type(self).__name__, lanes, http or HttpOptions(), self._signer)
         self._settings: HubSettings | None = None
@@ -124,14 +131,41 @@ class HfSource(Source):
                 sha = location.revision
                 snapshot = Snapshot.of_tree(location.repo_id, sha, sha, kept)
             else:
-                online = await self._online_settings()
-                snapshot = await run_in(
-                    self._lanes.setup, resolve_snapshot, online, location, cache
-                )
+                snapshot = await self._resolve(location, cache)
         self._keep(snapshot)
         if not is_commit(location.revision):
             self._pins[key] = snapshot.sha
         return snapshot
+
+    async def _resolve(self, location: HfLocation, cache: HfCache) -> Snapshot:
+        """``location``'s revision resolved by the Hub, with the commit's files. One the
+        hub cache holds is asked about under a deadline, and is its cached commit when
+        the Hub gives no answer (revision.py)."""
+        cached = None
+        if not is_commit(location.revision):
+            cached = await run_in(self._lanes.setup, cache.cached_snapshot, location.revision)
+        sha = None
+        if cached is not None:
+            sha = await self._ask(location, cached.sha)
+            if sha == cached.sha:
+                return dataclasses.replace(cached, revision=location.revision)
+        return await self._from_hub(location, cache, sha)
+
+    async def _from_hub(self, location: HfLocation, cache: HfCache, sha: str | None) -> Snapshot:
+        """huggingface_hub's answer: the commit ``sha``'s files, or the revision resolved
+        and its errors named as for a load (hub.py)."""
+        online = await self._online_settings()
+        return await run_in(self._lanes.setup, resolve_snapshot, online, location, cache, sha)
+
+    async def _ask(self, location: HfLocation, cached: str) -> str | None:
+        """The commit the Hub says ``location``'s revision is at; ``cached`` when it gives
+        no answer (or, demanding freshness, an error); None when it answered something
+        else, which huggingface_hub then names."""
+        settings = await self._online_settings()
+        try:
+            return await ask_commit(self._store, settings, location, self._check)
+        except NoAnswer as silence:
+            return self._check.settle(settings, location, cached, silence)
 
     async def cached_commit(self, url: str) -> str | None:
         """The commit the hub cache last saw ``url``'s branch or tag at, when it holds
@@ -147,31 +181,28 @@ class HfSource(Source):
         self._keep(snapshot)  # the load of that commit finds its listing here
         return snapshot.sha
 
-    async def current_commit(self, url: str) -> str:
-        """The commit ``url``'s revision points to now: the Hub's answer, online.
+    async def current_commit(self, url: str, cached: str) -> str:
+        """The commit ``url``'s revision points to now: the Hub's answer, or ``cached``
+        (the hub cache's commit for it) when the Hub gives no answer in time.
 
-        Asked with one GET of the revision's API page on the event loop, since it runs
-        beside a warm load (warm_start.py), where huggingface_hub's client in a thread
-        fought the load's threads for the CPU and took up to ten times as long. Any
-        answer but a commit sha is asked again through huggingface_hub, which names
-        the error as a load would.
+        Asked with one GET of the revision's API page on the event loop (revision.py),
+        since it runs beside a warm load (warm_start.py), where huggingface_hub's
+        client in a thread fought the load's threads for the CPU and took up to ten
+        times as long. Any answer but a commit sha is asked again through
+        huggingface_hub, which names the error as a load would.
 
         Raises:
-            SourceError: as for a load (access, a missing repository or revision).
+            SourceError: as for a load (access, a missing repository or revision); no
+                answer while freshness is demanded (``RevisionCheck.fresh``).
         """
         location = parse_hf_url(url)
-        settings = await self._online_settings()
-        page = f"{settings.endpoint}/api/models/{quote(location.repo_id)}/revision/" + quote(
-            location.revision, safe=""
-        )
-        try:
-            answer = json.loads(await self._store.read_body(url, page, lambda detail: detail))
-        except (LoaderError, ValueError):
-            answer = None
-        sha = answer.get("sha") if isinstance(answer, dict) else None
-        if isinstance(sha, str) and is_commit(sha):
+        sha = await self._ask(location, cached)
+        if sha is not None:
             return sha
-        return (await self._snapshot(location)).sha
+        settings = await self._settings_now()
+        snapshot = await self._from_hub(location, HfCache(settings.cache, location.repo_id), None)
+        self._keep(snapshot)
+        return snapshot.sha
 
     def _keep(self, snapshot: Snapshot) -> None:
         self._snapshots[(snapshot.repo_id, snapshot.sha)] = snapshot

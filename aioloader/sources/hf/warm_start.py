@@ -12,9 +12,10 @@ another commit can enter it) while the Hub is asked where the revision points
 now. The result is returned only once the Hub has answered: the same commit, and
 it is the answer; another one, and it is dropped and the revision loaded as if
 nothing had been cached (which records the new ref). The Hub's errors are the
-load's errors, as without the cache. Only a whole load whose tensors nobody has
-seen yet can be taken back like this, so streams, and ranks that exchange bytes,
-ask first.
+load's errors, as without the cache; when the Hub gives no answer in time, the
+cached commit is the answer, with a warning (revision.py). Only a whole load whose
+tensors nobody has seen yet can be taken back like this, so streams, and ranks
+that exchange bytes, ask first (under the same deadline, source.py).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ async def load_warm(source: HfSource, url: str, load: Callable[[str], Awaitable[
     done: list[T] = []
 
     async def ask() -> None:
-        now.append(await source.current_commit(url))
+        now.append(await source.current_commit(url, cached))
 
     async def read() -> None:
         done.append(await load(pinned))
