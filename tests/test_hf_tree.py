@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 
 from aioloader import AccessDeniedError, Loader, SourceError, load_model
 from aioloader.sources.hf.cache_writes import wait_hf_cache
+from aioloader.sources.hf.snapshot import Snapshot
 from aioloader.sources.hf.tree import TreeEntry, bad_path, dump_tree, parse_tree
 
 from . import test_hf
@@ -109,6 +111,19 @@ def test_an_ordinary_path_is_accepted(path: str) -> None:
     assert bad_path(path) is None
 
 
+def test_an_odd_name_stays_listed_and_out_of_the_files() -> None:
+    tree = parse_tree(
+        _document({"back\\slash.txt": {"size": 1, "blob_id": SHA1},
+                   "tab\there.txt": {"size": 2, "blob_id": SHA1},
+                   "m.safetensors": {"size": 3, "blob_id": SHA1, "lfs_sha256": SHA256}})
+    )  # fmt: skip
+    assert tree is not None and len(tree) == 3, "the listing is kept whole"
+    snapshot = Snapshot.of_tree(REPO, "main", SHA1, tree)
+    assert snapshot.files == {"m.safetensors": 3}
+    assert snapshot.left_out == ["back\\slash.txt", "tab\there.txt"]
+    assert snapshot.names_in("") == ["m.safetensors"]
+
+
 # -- against the Hub -------------------------------------------------------------------------
 
 
@@ -164,6 +179,29 @@ async def test_a_hub_that_lists_a_path_outside_the_snapshot_is_refused(
         await load_model(f"hf://{REPO}")
     assert REPO in str(info.value) and "HF_ENDPOINT" in str(info.value)
     assert not list(tmp_path.rglob("escape*"))
+
+
+async def test_an_odd_name_elsewhere_in_the_repository_does_not_fail_the_load(
+    hub: LocalHub, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "src"
+    write_sharded(folder, some_big(1), shards=2)
+    files = test_hf._files(folder) | {"back\\slash.txt": b"odd", "docs/tab\tname.md": b"odd"}
+    sha = hub.commit(REPO, files)
+    shards = sorted(folder.glob("*.safetensors"))
+    with caplog.at_level(logging.WARNING):
+        assert_matches_files(await load_model(f"hf://{REPO}"), *shards)
+        await wait_hf_cache()
+    (warning,) = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert "'back\\\\slash.txt'" in warning and sha[:12] in warning
+    assert "back\\slash.txt" in json.loads(_memo(tmp_path, sha).read_bytes())["files"]
+    # A cache huggingface_hub filled, the odd files with it, is read without the Hub.
+    other = tmp_path / "hf-cache"
+    hf.snapshot_download(REPO, cache_dir=other, endpoint=hub.url, token=False)
+    assert (other / "models--org--model" / "snapshots" / sha / "back\\slash.txt").is_file()
+    before = len(hub.log)
+    assert_matches_files(await load_model(f"hf://{REPO}@{sha}"), *shards)
+    assert len(hub.log) == before
 
 
 # -- the warm start of a branch (warm_start.py) ------------------------------------------------

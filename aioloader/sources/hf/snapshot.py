@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import NotFoundError
-from .tree import TreeEntry
+from .tree import TreeEntry, bad_path
 from .url import HfLocation
 
 __all__ = ["Snapshot"]
@@ -28,7 +28,8 @@ class Snapshot:
         ids: path -> the id of its blob in the hub cache: the LFS sha256 of a weight
             file, the git blob sha1 of a regular one (empty when not known).
         tree: the listing it was made of, as tree.py keeps it (empty when the files
-            were found by walking the cache's snapshot folder).
+            were found by walking the cache's snapshot folder). It may hold files that
+            ``files`` leaves out (``left_out``).
     """
 
     repo_id: str
@@ -40,10 +41,18 @@ class Snapshot:
 
     @classmethod
     def of_tree(cls, repo_id: str, revision: str, sha: str, tree: dict[str, TreeEntry]) -> Snapshot:
-        """The snapshot a commit's listing describes."""
-        files = {path: entry.size for path, entry in tree.items()}
-        ids = {path: entry.cache_id for path, entry in tree.items()}
+        """The snapshot a commit's listing describes: its files but those whose names
+        aioloader does not make files of (``tree.bad_path``: a backslash, a control
+        character), which no load needs and which must not fail one."""
+        usable = [path for path in tree if bad_path(path) is None]
+        files = {path: tree[path].size for path in usable}
+        ids = {path: tree[path].cache_id for path in usable}
         return cls(repo_id, revision, sha, files, ids, dict(tree))
+
+    @property
+    def left_out(self) -> list[str]:
+        """The listed paths that are not among ``files``, sorted."""
+        return sorted(path for path in self.tree if path not in self.files)
 
     def describe(self) -> str:
         """``org/name@revision`` and, when they differ, the commit it resolved to."""

@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 from ...config import HttpOptions
 from ...errors import ClosedError, SourceError
+from ...redact import redacting_logger
 from ...threads import Lanes, run_in
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
@@ -41,6 +42,8 @@ from .snapshot import Snapshot
 from .url import HfLocation, is_commit, parse_hf_url
 
 __all__ = ["HfFile", "HfSource"]
+
+logger = redacting_logger(__name__)
 
 # Snapshots of commits kept for the files a layout joins (a commit never changes).
 _KEPT_SNAPSHOTS = 64
@@ -205,6 +208,17 @@ class HfSource(Source):
         return snapshot.sha
 
     def _keep(self, snapshot: Snapshot) -> None:
+        odd = snapshot.left_out
+        if odd and (snapshot.repo_id, snapshot.sha) not in self._snapshots:
+            logger.warning(
+                "%s at %s: %d file(s) left out of what aioloader loads and fetches, their "
+                "names holding a backslash or a control character: %s (huggingface_hub "
+                "downloads them)",
+                snapshot.repo_id,
+                snapshot.sha[:12],
+                len(odd),
+                ", ".join(map(repr, odd[:5])) + (", ..." if len(odd) > 5 else ""),
+            )
         self._snapshots[(snapshot.repo_id, snapshot.sha)] = snapshot
         while len(self._snapshots) > _KEPT_SNAPSHOTS:
             self._snapshots.popitem(last=False)

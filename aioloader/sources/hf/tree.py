@@ -16,7 +16,12 @@ does not parse, has another ``format_version`` or holds a value of the wrong kin
 is ignored, and the Hub is asked instead.
 
 Every path in a listing, from the Hub or from that file, names a file under the
-snapshot's folder; ``bad_path`` refuses one that would reach outside it.
+snapshot's folder: a listing with a path that would reach outside it (``escapes``)
+is not trusted at all. A name that is legal in git but that aioloader does not
+make a file of (a backslash, a control character: ``bad_path``) stays in the
+listing, so the file huggingface_hub reads back is whole, and is left out of the
+files a load or a fetch sees (snapshot.py): one odd name elsewhere in a repository
+does not fail the load of its weights.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TreeEntry", "bad_path", "dump_tree", "entry_from_json", "parse_tree"]
+__all__ = ["TreeEntry", "bad_path", "dump_tree", "entry_from_json", "escapes", "parse_tree"]
 
 FORMAT_VERSION = 1
 _HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -65,21 +70,31 @@ class TreeEntry:
         return info
 
 
+def escapes(path: object) -> str | None:
+    """Why ``path`` would reach outside a snapshot's folder, or name no file at all;
+    None when it stays inside. A listing holding such a path is not trusted."""
+    if not isinstance(path, str) or not path:
+        return "it is empty or not a string"
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        return "it is absolute, or holds an empty, '.' or '..' part"
+    return None
+
+
 def bad_path(path: object) -> str | None:
     """Why ``path`` cannot name a file of a snapshot, or None when it can.
 
-    A path is relative, ``/``-separated, with no empty, ``.`` or ``..`` part, no
-    backslash and no control character: it stays inside the snapshot's folder on
-    every system huggingface_hub's cache is used on.
+    A path is relative, ``/``-separated, with no empty, ``.`` or ``..`` part
+    (``escapes``), no backslash and no control character: it stays inside the
+    snapshot's folder on every system huggingface_hub's cache is used on.
     """
-    if not isinstance(path, str) or not path:
-        return "it is empty or not a string"
+    why = escapes(path)
+    if why is not None:
+        return why
+    assert isinstance(path, str)
     if len(path) > _MAX_PATH:
         return f"it is longer than {_MAX_PATH} characters"
     if "\\" in path or any(ord(c) < 32 or ord(c) == 127 for c in path):
         return "it holds a backslash or a control character"
-    if any(part in ("", ".", "..") for part in path.split("/")):
-        return "it is absolute, or holds an empty, '.' or '..' part"
     return None
 
 
@@ -98,7 +113,7 @@ def parse_tree(data: bytes) -> dict[str, TreeEntry] | None:
     entries = {}
     for path, info in files.items():
         entry = entry_from_json(info)
-        if entry is None or bad_path(path) is not None:
+        if entry is None or escapes(path) is not None:
             return None
         entries[path] = entry
     return entries
