@@ -15,6 +15,7 @@ do about it. The tree is shallow on purpose::
     │   ├── HeaderError                   the header is malformed or inconsistent
     │   └── UnsupportedFormatError        a pickle/.bin, GGUF, LFS pointer, ...
     ├── SelectionError (KeyError)         asked for tensors the model does not have
+    ├── OutOfMemoryError (MemoryError)    a tensor does not fit in the memory there is
     ├── CacheError                        the local model cache cannot be written or used
     ├── DistributedError                  another rank failed, or the ranks disagree
     ├── StartupError                      the preload daemon cannot start
@@ -44,6 +45,7 @@ __all__ = [
     "LoaderError",
     "NotFoundError",
     "ObjectChangedError",
+    "OutOfMemoryError",
     "ReadError",
     "ReadTimeoutError",
     "SelectionError",
@@ -126,6 +128,12 @@ class SelectionError(LoaderError, KeyError):
     def __str__(self) -> str:
         # KeyError.__str__ quotes its argument; show the message as written.
         return str(self.args[0]) if self.args else ""
+
+
+class OutOfMemoryError(LoaderError, MemoryError):
+    """The tensors to load do not fit in the memory where they go: one larger than all
+    the memory this process may use is refused before anything is allocated, and an
+    allocation that fails is said naming the file, the tensor and its size."""
 
 
 class CacheError(LoaderError):

@@ -300,7 +300,9 @@ class Load:
                 for h in headers
             ]  # fmt: skip
             chosen = [narrow(t, *cut[t.name]) if t.name in cut else t for t in chosen]
-        spans, reads = plan_reads(headers, wanted, self.limits.read_size, alone=cut.keys())
+        spans, reads = plan_reads(
+            headers, wanted, self.limits.read_size, alone=cut.keys(), room=self.device.room
+        )
         self.progress.tensors_total = len(chosen)
         self.progress.bytes_total = sum(t.nbytes for t in chosen)
         # A tensor is complete once every read overlapping it has landed.

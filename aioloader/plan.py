@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
+from .container_memory import MemoryLimit
+from .room import check_room
 from .safetensors import FileHeader, TensorInfo
 
 __all__ = ["ALIGNMENT", "SPAN_TENSORS", "Read", "Span", "plan_reads"]
@@ -138,6 +140,7 @@ def plan_reads(
     selected: Iterable[str] | None,
     read_size: int,
     alone: Collection[str] = (),
+    room: MemoryLimit | None = None,
 ) -> tuple[list[Span], list[Read]]:
     """Plan the spans and reads that fill every selected tensor.
 
@@ -146,18 +149,27 @@ def plan_reads(
         selected: names of tensors to read (``None`` = all).
         read_size: the largest single read; rounded down to 4 KiB (at least 4 KiB).
         alone: names of tensors cut to some of their rows: each gets a ``sliced`` span.
+        room: the most memory the selected tensors may take (``Device.room``).
 
     Returns:
         Spans in file order, and reads in file order, ascending offset within
         each file. Zero-byte tensors need no read and appear in neither.
+
+    Raises:
+        OutOfMemoryError: the selected tensors need more than ``room``.
     """
     read_size = max(ALIGNMENT, _down(read_size))
     wanted = None if selected is None else set(selected)
+    files = [
+        (header.url, [t for t in header.tensors if wanted is None or t.name in wanted])
+        for header in headers
+    ]
+    if room is not None:
+        check_room(files, room)  # before a claimed petabyte is cut into reads
     spans: list[Span] = []
     reads: list[Read] = []
-    for index, header in enumerate(headers):
-        chosen = [t for t in header.tensors if wanted is None or t.name in wanted]
-        for span in _spans(index, header.url, chosen, alone):
+    for index, (url, chosen) in enumerate(files):
+        for span in _spans(index, url, chosen, alone):
             spans.append(span)
             reads.extend(_cut(span, read_size))
     return spans, reads

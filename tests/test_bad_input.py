@@ -341,3 +341,43 @@ async def test_header_with_blanks_everywhere_loads(tmp_path: Path) -> None:
     path = write_raw(tmp_path / "m.safetensors", body, bytes(8))
     got = await load_model(str(path))
     assert got["a"].tolist() == [0.0, 0.0]
+
+
+
+_SHORT_OF_MEMORY = """
+import asyncio, resource, sys
+import aioloader
+
+def vm_size():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+
+limit = vm_size() + (1 << 30)  # 1 GiB of address space left: the tensor needs 4
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:
+    asyncio.run(aioloader.load_model(sys.argv[1], framework="numpy"))
+except aioloader.OutOfMemoryError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS, /proc")
+def test_an_allocation_that_fails_names_the_file_and_tensor(tmp_path: Path) -> None:
+    """A tensor within what the process may use whose memory cannot be had anyway (here
+    the address space is limited): NumPy's MemoryError, said as a LoaderError."""
+    n = 4 << 30
+    header = json.dumps({"w": {"dtype": "F32", "shape": [n // 4], "data_offsets": [0, n]}})
+    raw = header.encode().ljust(-(-len(header) // 8) * 8, b" ")
+    path = tmp_path / "m.safetensors"
+    with path.open("wb") as file:
+        file.write(len(raw).to_bytes(8, "little") + raw)
+        file.truncate(8 + len(raw) + n)  # sparse: no disk used
+    done = subprocess.run(
+        [sys.executable, "-c", _SHORT_OF_MEMORY, str(path)],
+        capture_output=True, text=True, check=False, timeout=100,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{path}: tensor 'w' holds {n} bytes" in done.stdout, done.stdout
+    assert "could not be allocated" in done.stdout

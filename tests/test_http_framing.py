@@ -9,13 +9,22 @@ compared bit for bit with the safetensors library.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from aioloader import HttpOptions, ReadError, SourceError, load_model
+from aioloader import (
+    HttpOptions,
+    LoaderError,
+    OutOfMemoryError,
+    ReadError,
+    SourceError,
+    load_model,
+)
 from aioloader.sources.http.client import WireError, content_length
 from aioloader.sources.http.rules import PROBE_SIZE
 
@@ -201,3 +210,29 @@ async def test_a_size_of_a_tebibyte_is_refused_before_anything_is_allocated(
             await load_model(url, http=FAST)
     assert not isinstance(info.value, MemoryError)
     assert url in str(info.value)
+
+
+def _claiming(nbytes: int) -> tuple[bytes, int]:
+    """A safetensors file whose header claims one F32 tensor of ``nbytes``: its first
+    bytes (past the probe) and the size its server gives for it."""
+    entry = {"dtype": "F32", "shape": [nbytes // 4], "data_offsets": [0, nbytes]}
+    header = json.dumps({"w": entry}).encode()
+    header = header.ljust(-(-len(header) // 8) * 8, b" ")
+    head = struct.pack("<Q", len(header)) + header
+    return head.ljust(PROBE_SIZE + 4096, b"\0"), len(head) + nbytes
+
+
+@pytest.mark.parametrize("nbytes", [1 << 40, 1 << 50], ids=["TiB", "PiB"])
+async def test_a_tensor_larger_than_memory_is_refused_before_anything_is_allocated(
+    nbytes: int,
+) -> None:
+    """A tebibyte raised NumPy's MemoryError, naming neither the file nor the tensor; a
+    pebibyte held the event loop while its reads were planned, for minutes."""
+    data, size = _claiming(nbytes)
+    async with RawServer(data, claimed_size=size) as server:
+        with pytest.raises(OutOfMemoryError) as info:
+            await load_model(server.url, http=FAST)
+    message = str(info.value)
+    assert server.url in message and f"tensor 'w' holds {nbytes} bytes" in message
+    assert "more than this process may use" in message
+    assert isinstance(info.value, LoaderError) and isinstance(info.value, MemoryError)

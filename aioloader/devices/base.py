@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from ..container_memory import MemoryLimit
 from ..plan import Read, Span
 from ..safetensors import TensorInfo
 from ..staging import Share
@@ -65,6 +66,10 @@ class Device(ABC):
     #: Whether bytes move again after they land (a staging ring and a copy engine);
     #: then ``finish`` waits for that move. Host memory is filled in place.
     copies: bool = False
+    #: The most memory the tensors of one load may take there, where it is known (host
+    #: memory: what this process may use); a load that asks for more is refused before
+    #: its reads are planned (room.py). None: not known before allocating.
+    room: MemoryLimit | None = None
 
     @abstractmethod
     def allocate(self, span: Span) -> SpanAllocation:

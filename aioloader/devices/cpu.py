@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from ..container_memory import detect_memory_limit
 from ..dtypes import DTYPE_SIZES, import_torch, numpy_dtype, torch_dtype
 from ..plan import ALIGNMENT, Read, Span
+from ..room import is_out_of_memory, out_of_memory
 from ..safetensors import TensorInfo
 from ..threads import run_in
 from .base import Device, SpanAllocation
@@ -91,6 +93,9 @@ class CpuDevice(Device):
     def __init__(self, framework: str, setup: Executor) -> None:
         self._framework = framework
         self._setup = setup
+        # What this process may use (room.py): a few small files of /proc and /sys, read
+        # once here, as Limits reads them.
+        self.room = detect_memory_limit()
 
     async def prepare(self) -> None:
         if self._framework == "torch" and "torch" not in sys.modules:
@@ -101,7 +106,12 @@ class CpuDevice(Device):
         return f"<CpuDevice framework={self._framework}>"
 
     def allocate(self, span: Span) -> HostSpan:
-        return HostSpan(span, self._framework)
+        try:
+            return HostSpan(span, self._framework)
+        except Exception as exc:  # MemoryError, also from torch
+            if is_out_of_memory(exc):
+                raise out_of_memory(span, "host memory", exc) from None
+            raise
 
     def empty(self, info: TensorInfo) -> Any:
         return empty_host(info, self._framework)

@@ -26,6 +26,7 @@ from ..config import Limits
 from ..dtypes import DTYPE_SIZES
 from ..errors import FormatError
 from ..plan import ALIGNMENT, Read, Span
+from ..room import is_out_of_memory, out_of_memory
 from ..safetensors import TensorInfo
 from ..threads import Lane, finish_before_cancel, run_in
 from .base import Device, SpanAllocation
@@ -187,7 +188,12 @@ class StagedDevice(Device):
     def allocate(self, span: Span) -> SpanAllocation:
         for info in span.tensors:
             check_alignment(info, span)
-        buffer, tensors = self._engine.destination(span)
+        try:
+            buffer, tensors = self._engine.destination(span)
+        except Exception as exc:  # torch's OutOfMemoryError is a RuntimeError
+            if is_out_of_memory(exc):
+                raise out_of_memory(span, f"memory on {self.name}", exc) from None
+            raise
         return _DeviceSpan(span, buffer, tensors)
 
     def empty(self, info: TensorInfo) -> Any:
