@@ -16,6 +16,7 @@ from aioloader import (
     ConfigError,
     FormatError,
     HeaderError,
+    ModelCache,
     NotFoundError,
     SelectionError,
     SourceError,
@@ -211,6 +212,19 @@ async def test_unsupported_scheme() -> None:
         await load_model("gopher://host/model.safetensors")
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["http://[bad", "https://[::1/m.safetensors", "http://[zz]/m.safetensors", "s3://[b/m/",
+     "hf://[org/name"],
+)  # fmt: skip
+async def test_a_url_that_does_not_parse_is_a_config_error(tmp_path: Path, url: str) -> None:
+    """urllib's own ValueError ("Invalid IPv6 URL") escaped, naming no URL."""
+    message = await _fails(url, ConfigError, "is not a valid URL")
+    assert message.startswith(repr(url))
+    with pytest.raises(ConfigError, match="is not a valid URL"):
+        await ModelCache(tmp_path).fetch(url)
+
+
 async def test_unsupported_device() -> None:
     with pytest.raises(ConfigError, match="tpu"):
         await load_model("/nonexistent", device="tpu")
@@ -341,7 +355,6 @@ async def test_header_with_blanks_everywhere_loads(tmp_path: Path) -> None:
     path = write_raw(tmp_path / "m.safetensors", body, bytes(8))
     got = await load_model(str(path))
     assert got["a"].tolist() == [0.0, 0.0]
-
 
 
 _SHORT_OF_MEMORY = """
