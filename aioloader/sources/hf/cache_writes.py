@@ -7,10 +7,12 @@ has returned (blob_writer.py); for staged (GPU) loads, whose buffers are reused 
 soon as a read returns, a ``WritingBlob``, which writes each range into a temporary
 file before its read returns (blob_through.py). Either way a file read whole is
 committed only when its digest is the one the Hub publishes. The first time a
-commit is loaded, the repository's small non-weight files (config, tokenizer,
-generation config...) are downloaded into the cache too, by huggingface_hub itself,
-and the ref the URL named is recorded, so a serving engine can start from the cache
-offline.
+folder of a commit is loaded, the small non-weight files under that folder (config,
+tokenizer, generation config...) are downloaded into the cache too, by
+huggingface_hub itself, and the ref the URL named is recorded, so a serving engine
+can start from the cache offline: a load of the repository's root fills in all of
+them, a load of ``hf://org/name/text_encoder`` only those under ``text_encoder/``
+(not the other folders' files, which a process would wait for at exit).
 
 That work runs in the process's commit threads (``cache/commit.py``), keyed by the
 hub cache's folder; ``wait_hf_cache`` waits for it.
@@ -18,6 +20,7 @@ hub cache's folder; ``wait_hf_cache`` waits for it.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,13 +56,19 @@ async def wait_hf_cache(root: str | Path | None = None) -> None:
     await commit.wait(Path(root) if root is not None else cache_root())
 
 
-def _small_files(settings: HubSettings, cache: HfCache, snapshot: Snapshot) -> None:
-    """Record the snapshot's listing, download its small files and record its ref, in
-    that order: a ref is the last thing a warm start looks for (a commit thread's job)."""
+def _under(path: str, folder: str) -> bool:
+    return not folder or path.startswith(folder + "/")
+
+
+def _small_files(settings: HubSettings, cache: HfCache, snapshot: Snapshot, folder: str) -> None:
+    """Record the snapshot's listing, download the small files under ``folder`` (``""``:
+    all of them) and record its ref, in that order: a ref is the last thing a warm start
+    looks for (a commit thread's job)."""
     try:
         cache.write_tree(snapshot.sha, snapshot.tree)
         for path, size in sorted(snapshot.files.items()):
-            if is_small_file(path, size) and cache.find(snapshot.sha, path, size) is None:
+            wanted = _under(path, folder) and is_small_file(path, size)
+            if wanted and cache.find(snapshot.sha, path, size) is None:
                 if settings.token is None:  # a warm load's settings carry none yet
                     settings = settings.with_token()
                 download_file(settings, cache, snapshot, path)
@@ -87,7 +96,7 @@ class HfCacheWrites(Source):
     def __init__(self, inner: HfSource, *, through: Lane | None = None) -> None:
         self.inner = inner
         self.through = through
-        self._seen: set[tuple[Path, str, str]] = set()
+        self._seen: set[tuple[Path, str, str, str]] = set()
 
     def __repr__(self) -> str:
         mode = "through" if self.through is not None else "after"
@@ -106,12 +115,13 @@ class HfCacheWrites(Source):
         opened = await self.inner.open_file(url)
         settings, snapshot = opened.settings, opened.snapshot
         cache = HfCache(settings.cache, snapshot.repo_id)
-        key = (cache.root, snapshot.repo_id, snapshot.sha + "@" + snapshot.revision)
+        folder = posixpath.dirname(opened.path)  # the folder the load reads
+        key = (cache.root, snapshot.repo_id, snapshot.sha + "@" + snapshot.revision, folder)
         if key not in self._seen and not settings.offline:
             # Also for a commit read from the cache: one that huggingface_hub filled may
             # lack its listing, its small files or the ref.
             self._seen.add(key)
-            commit.submit(cache.root, lambda: _small_files(settings, cache, snapshot))
+            commit.submit(cache.root, lambda: _small_files(settings, cache, snapshot, folder))
         if opened.cached:
             return opened.blob
         blob_id = snapshot.ids.get(opened.path, "")
