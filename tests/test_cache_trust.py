@@ -25,7 +25,7 @@ from aioloader.cache.entry import key_of
 from aioloader.cache.locks import try_acquire
 
 from .helpers import assert_matches_files, assert_same, random_tensors, write_file, write_sharded
-from .servers import FaultyHttpServer
+from .servers import FaultyHttpServer, MotoS3Server
 
 
 def twelve(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -414,13 +414,16 @@ def test_a_wrong_etag_switch_is_named(
         ModelCache(tmp_path)
 
 
-async def test_a_server_whose_etags_only_look_like_md5s_can_be_fetched(
-    http_server: FaultyHttpServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+async def test_a_store_whose_etags_only_look_like_md5s_can_be_fetched(
+    s3_env: MotoS3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The daemon, Ray and vLLM make their own ModelCache: the switch is the environment."""
-    path = write_file(http_server.root / "m.safetensors", twelve(10))
-    http_server.set_etag("m.safetensors", '"0123456789abcdef0123456789abcdef"')
-    url = http_server.url_for("m.safetensors")
+    """The daemon, Ray and vLLM make their own ModelCache: the switch is the environment.
+    (An S3-compatible store's: no other server's ETag is taken for an MD5.)"""
+    from .test_cache_verify import s3_objects
+
+    path = write_file(tmp_path / "m.safetensors", twelve(10))
+    etag = "0123456789abcdef0123456789abcdef"
+    url = s3_objects(s3_env, {"m": path}, {"m": etag})["m"]
     with pytest.raises(CacheError, match="AIOLOADER_CHECK_ETAG=0"):
         await ModelCache(tmp_path / "a").fetch(url)
     monkeypatch.setenv("AIOLOADER_CHECK_ETAG", "0")

@@ -1,5 +1,5 @@
 """Checksums of cache entries: recorded as they are written, checked on demand, and
-downloads checked against an MD5 the server publishes as its ETag."""
+downloads checked against an MD5 S3 publishes as its ETag (no other server's)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from aioloader import CacheError, ModelCache, load_model
 from aioloader.cache.entry import key_of
 
 from .helpers import assert_matches_files, random_tensors, write_file
-from .servers import FaultyHttpServer
+from .servers import FaultyHttpServer, MotoS3Server
 
 
 def entry_dir(root: Path, url: str) -> Path:
@@ -98,18 +99,39 @@ async def test_bit_rot_is_found_removed_and_fetched_again(
     assert [r.status for r in await cache.verify()] == ["ok", "ok"]
 
 
-async def test_md5_etags_are_checked(
-    http_server: FaultyHttpServer, files: dict[str, Path], tmp_path: Path
+def s3_objects(
+    server: MotoS3Server, files: dict[str, Path], etags: dict[str, str]
+) -> dict[str, str]:
+    """``files`` uploaded to a new bucket of ``server`` in one part each and without a
+    checksum (so S3 publishes only its ETag, the MD5 of the bytes), then the ETags of
+    ``etags`` set as a store whose ETags only look like MD5s has them; URLs by name."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    bucket = f"aiol-{uuid.uuid4().hex[:16]}"
+    client = server.client()
+    client.create_bucket(Bucket=bucket)
+    for name, path in files.items():
+        client.put_object(Bucket=bucket, Key=f"m/{name}", Body=path.read_bytes())
+        key = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].get_object(bucket, f"m/{name}")
+        key.checksum_algorithm = key.checksum_value = None  # no x-amz-checksum-*: the ETag
+        if name in etags:
+            key._etag = etags[name]
+    return {name: f"s3://{bucket}/m/{name}" for name in files}
+
+
+async def test_md5_etags_of_s3_are_checked(
+    s3_env: MotoS3Server, files: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = tmp_path / "cache"
-    url = {n: http_server.url_for(f"{n}.safetensors") for n in files}
     md5 = {n: hashlib.md5(p.read_bytes()).hexdigest() for n, p in files.items()}
-    http_server.set_etag("a.safetensors", f'"{md5["a"]}"')  # a single-part S3 upload's
-    http_server.set_etag("b.safetensors", f'"{md5["c"]}"')  # not these bytes' MD5
+    url = s3_objects(s3_env, files, {"b": md5["c"]})  # not b's bytes' MD5
     cache = ModelCache(root)
 
-    await cache.fetch(url["a"])
+    caplog.set_level("INFO", logger="aioloader")
+    await cache.fetch(url["a"])  # a single-part upload's ETag: its MD5
     assert meta_of(root, url["a"])["complete"] is True
+    assert f"{url['a']}: the download matches the md5 of the server's ETag" in caplog.text
     with pytest.raises(CacheError) as info:
         await cache.fetch(url["b"], chunk_size="4KiB")
     message = str(info.value)
@@ -119,9 +141,23 @@ async def test_md5_etags_are_checked(
     assert not (entry / "data").exists() and not (entry / "data.partial").exists()
     assert not (entry / "meta.json").exists()
 
-    # Where the ETag is known not to be an MD5 (SSE-KMS objects), the check can be off.
+    # Where the ETag is known not to be an MD5, the check can be off.
     model = await ModelCache(root, check_etag=False).fetch(url["b"])
     assert_matches_files(await load_model(str(model.path)), files["b"])
+
+
+async def test_a_plain_http_etag_of_32_hex_digits_is_no_md5(
+    http_server: FaultyHttpServer, files: dict[str, Path], tmp_path: Path
+) -> None:
+    """A plain HTTP server may make its ETags of 32 hex digits from anything (a hash of
+    the path and time, say): the correct download was discarded as corrupt."""
+    root = tmp_path / "cache"
+    url = http_server.url_for("a.safetensors")
+    http_server.set_etag("a.safetensors", '"0123456789abcdef0123456789abcdef"')
+    model = await ModelCache(root).fetch(url)
+    assert meta_of(root, url)["complete"] is True
+    assert_matches_files(await load_model(str(model.path)), files["a"])
+    assert [r.status for r in await ModelCache(root).verify()] == ["ok"]
 
 
 async def test_cache_verify_on_the_command_line(

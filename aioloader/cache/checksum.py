@@ -2,10 +2,11 @@
 
 Every entry records the xxh3-128 of its bytes in ``meta.json`` when it completes;
 ``ModelCache.verify`` hashes the file again and compares. Where the server
-publishes a digest of the whole object (an ETag that is an MD5, as S3 sends for a
-single-part upload: 32 hex digits; or S3's ``x-amz-checksum-sha256``, ``-sha1`` or
+publishes a digest of the whole object (an S3 ETag that is an MD5, as S3 sends for
+a single-part upload: 32 hex digits; or S3's ``x-amz-checksum-sha256``, ``-sha1`` or
 ``-crc32`` of an object uploaded with a checksum), a fetch also checks the download
-against it.
+against it. A plain HTTP server's ETag is opaque, whatever it looks like
+(``Source.etag_is_md5``).
 
 A fetch hashes as it downloads instead of re-reading the file at the end: each
 write may extend the prefix of the file that is present, and the thread that
@@ -95,9 +96,11 @@ class DigestMismatch(Exception):
 
 
 def md5_of_etag(etag: str | None) -> Published | None:
-    """The MD5 an ETag publishes: 32 hex digits, as S3 sends for a single-part upload.
+    """The MD5 an S3 ETag publishes: 32 hex digits, as S3 sends for a single-part upload.
 
-    Multipart ETags (``"<hex>-<parts>"``) and every other form publish none.
+    Multipart ETags (``"<hex>-<parts>"``) and every other form publish none. Only for a
+    source whose ETags are MD5s (``Source.etag_is_md5``): elsewhere 32 hex digits may be
+    anything.
     """
     match = _MD5_ETAG.fullmatch(etag) if etag else None
     return Published("md5", match.group(1).lower(), "ETag") if match else None

@@ -192,13 +192,16 @@ class Fetcher:
 
     async def _published(self, url: str, version: Version) -> Published | None:
         """The digest of the whole object the server publishes, if any: S3's checksum of
-        an object uploaded with one, else an ETag that is an MD5."""
+        an object uploaded with one, else an ETag that is an MD5 where the source's ETags
+        are (S3's; a plain HTTP server's 32 hex digits are its own business)."""
         checksums = await self.source.object_checksums(url)
         for algorithm in ("sha256", "sha1", "crc32"):
             header = f"x-amz-checksum-{algorithm}"
             if header in checksums:
                 return Published(algorithm, checksums[header], header)
-        if not self.cache.check_etag or _etag_is_not_a_digest(checksums):
+        if not (self.source.etag_is_md5 and self.cache.check_etag):
+            return None
+        if _etag_is_not_a_digest(checksums):
             return None
         return md5_of_etag(version.etag)
 
@@ -217,8 +220,9 @@ class Fetcher:
             published = exc.published
             hint = (
                 " Or the ETag is not an MD5 of the bytes (S3 objects encrypted with SSE-KMS "
-                "or SSE-C, a server whose ETags only look like MD5s): fetch those with "
-                "ModelCache(..., check_etag=False) or AIOLOADER_CHECK_ETAG=0 (the daemon)."
+                "or SSE-C, an S3-compatible store whose ETags only look like MD5s): fetch "
+                "those with ModelCache(..., check_etag=False) or AIOLOADER_CHECK_ETAG=0 "
+                "(the daemon)."
                 if published.where == "ETag"
                 else ""
             )

@@ -87,9 +87,10 @@ class ModelCache:
         max_bytes: evict least recently used entries to stay under this many bytes on
             disk. It is recorded in the folder, and every process that uses the folder
             without a cap of its own holds it too (``None``: the recorded cap, if any).
-        check_etag: check downloads against an ETag that is an MD5 (32 hex digits,
-            as S3 sends for a single-part upload). Turn it off for S3 objects encrypted
-            with SSE-KMS or SSE-C, and servers whose ETags look like MD5s but are not.
+        check_etag: check downloads from S3 against an ETag that is an MD5 (32 hex
+            digits, as S3 sends for a single-part upload; objects under SSE-KMS or SSE-C
+            are not checked). Turn it off for S3-compatible stores whose ETags look like
+            MD5s but are not. Other servers' ETags are never taken for MD5s.
             ``None``: ``$AIOLOADER_CHECK_ETAG`` (``0``/``1``), on when unset.
         lock_stall: seconds a wait for an entry that another process is downloading
             tolerates that download showing no progress, before a ``CacheError``.

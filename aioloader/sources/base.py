@@ -44,6 +44,11 @@ class Blob(ABC):
 class Source(ABC):
     """A kind of storage that can list folders and open files."""
 
+    #: Whether an ETag of 32 hex digits is the MD5 of the object's bytes, as S3 makes it
+    #: for a single-part upload (not under SSE-KMS or SSE-C: ``object_checksums`` says).
+    #: Anywhere else an ETag is opaque, whatever it looks like.
+    etag_is_md5: bool = False
+
     @abstractmethod
     async def list_dir(self, url: str) -> list[str] | None:
         """Names in the folder at ``url``, or ``None`` when ``url`` is not a folder."""

@@ -36,6 +36,7 @@ class S3Source(Source):
     """
 
     scheme_name = "S3"
+    etag_is_md5 = True  # for single-part uploads, but not under SSE-KMS or SSE-C
 
     def __init__(
         self, lanes: Lanes, http: HttpOptions | None = None, options: S3Options | None = None
