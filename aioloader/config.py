@@ -36,6 +36,8 @@ MIN_MEMORY_LIMIT = 64 * KiB
 MAX_SECONDS = 10_000_000.0  # about 115 days
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+# A header name is an RFC 9110 token; its value may not break the request's lines.
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "ki": KiB, "kib": KiB,
@@ -275,6 +277,8 @@ class HttpOptions:
     def __post_init__(self) -> None:
         if isinstance(self.headers, dict):
             object.__setattr__(self, "headers", tuple(self.headers.items()))
+        for name, value in self.headers:
+            _check_header(name, value)
         check_number("max_attempts", self.max_attempts, integer=True, positive=True)
         for name in ("backoff", "backoff_max"):
             check_number(name, getattr(self, name), maximum=MAX_SECONDS)
@@ -314,7 +318,48 @@ class S3Options:
     profile: str | None = None
 
     def __post_init__(self) -> None:
+        if self.endpoint_url is not None:
+            _check_endpoint(self.endpoint_url)
         if self.addressing not in ("auto", "path", "virtual"):
             raise ConfigError(
                 f"addressing must be 'auto', 'path' or 'virtual', got {self.addressing!r}"
             )
+
+
+def _check_header(name: object, value: object) -> None:
+    """Refuse a header no request can carry (its value is not shown: it may be a token)."""
+    if not isinstance(name, str) or not _HEADER_NAME.match(name):
+        raise ConfigError(
+            f"headers: {_shown(name)} is not a header name (letters, digits and "
+            "!#$%&'*+-.^_`|~ only); write {'Name': 'value'}"
+        )
+    if not isinstance(value, str):
+        raise ConfigError(f"headers: the value of {name} must be text, not {type(value).__name__}")
+    if any((ord(c) < 0x20 and c != "\t") or c == "\x7f" for c in value):
+        raise ConfigError(
+            f"headers: the value of {name} holds a line break or another control character, "
+            "which would break the request; remove it (a trailing newline from a file, say)"
+        )
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"headers: the value of {name} holds characters HTTP cannot send (beyond "
+            "Latin-1); encode it as the server expects"
+        ) from None
+
+
+def _check_endpoint(url: object) -> None:
+    """An S3 endpoint is an http(s) URL with a host: ``http://minio:9000``."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+        ok = parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"s3_endpoint_url must be an http:// or https:// URL with a host, such as "
+            f"http://minio:9000, not {_shown(url)}"
+        )

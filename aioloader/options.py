@@ -353,6 +353,8 @@ def _checked(keyword: Keyword, value: Any) -> Any:
         raise ConfigError(f"{keyword.name} must be {names} ({keyword.help}), not {value!r}")
     if isinstance(value, dict):  # headers
         return tuple((str(k), str(v)) for k, v in value.items())
+    if keyword.name == "cache_dir" and isinstance(value, str) and not value.strip():
+        raise ConfigError(f"cache_dir must name a folder, not {value!r}; False for no cache")
     return value
 
 

@@ -50,7 +50,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import MAX_SECONDS, check_number, parse_size
 from .errors import ConfigError
 from .options import KEYWORDS, LoadOptions
 from .redact import redacting_logger
@@ -72,18 +71,6 @@ KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     **{k.name: (k.types, k.help) for k in KEYWORDS if k.name not in ("device", "framework")},
     "distributed": ((bool,), "each of vLLM's ranks reads 1/N, the ranks exchange the rest"),
 }
-# The numeric keys: check_number's conditions for each (sizes go through parse_size).
-_NUMBERS: dict[str, dict[str, Any]] = {
-    "concurrency": {"integer": True, "positive": True, "maximum": 1024},
-    "max_attempts": {"integer": True, "positive": True},
-    "backoff": {"maximum": MAX_SECONDS},
-    "backoff_max": {"maximum": MAX_SECONDS},
-    "stall_timeout": {"maximum": MAX_SECONDS},
-    "connect_timeout": {"maximum": MAX_SECONDS},
-    "deadline": {"positive": True, "maximum": MAX_SECONDS},
-    "min_speed": {"integer": True},
-}
-_SIZES = ("chunk_size", "memory_limit")
 
 
 @dataclass(frozen=True)
@@ -96,7 +83,8 @@ class VllmOptions:
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any] | None) -> VllmOptions:
-        """Check every key and value; raise ConfigError naming the first bad one."""
+        """Check every key and value as the Loader will, each through the load options'
+        own checks (options.py, config.py); raise ConfigError naming the first bad one."""
         extra = dict(extra or {})
         unknown = sorted(set(extra) - set(KEYS))
         if unknown:
@@ -115,11 +103,16 @@ class VllmOptions:
                 raise ConfigError(
                     f"--model-loader-extra-config: {key!r} must be {names} ({what}), not {value!r}"
                 )
-            # JSON lets NaN and Infinity through, and a negative count means nothing.
-            if key in _NUMBERS:
-                check_number(f"--model-loader-extra-config: {key!r}", value, **_NUMBERS[key])
-            elif key in _SIZES:
-                parse_size(value, what=f"--model-loader-extra-config: {key!r}")
+            if key == "url" and not str(value).strip():
+                raise ConfigError(
+                    "--model-loader-extra-config: 'url' is empty; name the weights' path or "
+                    "URL, or leave the key out to load those of --model"
+                )
+            if key not in ("url", "distributed"):  # NaN, 0 timeouts, "" folders, ...
+                try:
+                    LoadOptions.build(None, environ={}, **{key: value})
+                except ConfigError as exc:
+                    raise ConfigError(f"--model-loader-extra-config: {key!r}: {exc}") from None
         loader = LoadOptions.build(
             **{k: v for k, v in extra.items() if k not in ("url", "distributed")}
         )

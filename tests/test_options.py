@@ -84,6 +84,10 @@ def test_a_bad_environment_value_names_its_variable(variable: str, value: str) -
         {"cache_dir": ""},
         {"chunk_size": ""},
         {"memory_limit": "9" * 50},
+        {"headers": {"X-Token": "secret\r\nInjected: 1"}},
+        {"headers": {"No Space": "x"}},
+        {"s3_endpoint_url": "minio:9000"},
+        {"cache_dir": "  "},
     ],
 )
 def test_wrong_values_are_refused_naming_the_option(given: dict[str, object]) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aioloader import ConfigError, HttpOptions, S3Options
+from aioloader import ConfigError, HttpOptions, Loader, S3Options
 from aioloader.vllm import KEYS, VllmOptions, weights_url
 
 
@@ -82,6 +82,45 @@ def test_a_value_of_the_wrong_type_is_named(key: str, value: object) -> None:
 def test_a_bad_s3_addressing_fails_early() -> None:
     with pytest.raises(ConfigError):
         VllmOptions.parse({"s3_addressing": "sideways"})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("cache_dir", "", "cache_dir must name a folder"),
+        ("cache_dir", "   ", "cache_dir must name a folder"),
+        ("url", "", "'url' is empty"),
+        ("connect_timeout", 0, "connect_timeout must be positive"),
+        ("stall_timeout", 0.0, "stall_timeout must be positive"),
+        ("headers", {"Authorization": "Bearer x\n"}, "line break"),
+        ("headers", {"Bad Name": "x"}, "is not a header name"),
+        ("headers", {"X-Token": "\u20ac"}, "beyond Latin-1"),
+        ("s3_endpoint_url", "", "http:// or https://"),
+        ("s3_endpoint_url", "minio:9000", "http:// or https://"),
+        ("chunk_size", "16mb", "ambiguous"),
+    ],
+)  # fmt: skip
+def test_what_a_load_would_refuse_is_refused_at_parse(key: str, value: object, words: str) -> None:
+    """Such values passed parsing and failed only when vLLM built the loader or loaded,
+    after the engine had started (cache_dir "": "the cache folder must be a non-empty
+    path" from the Loader; a header with a newline: aiohttp's raw ValueError at the
+    first request)."""
+    with pytest.raises(ConfigError, match=f"^--model-loader-extra-config: '{key}'") as info:
+        VllmOptions.parse({key: value})
+    assert words in str(info.value)
+    assert "Bearer" not in str(info.value)  # a header's value is never shown
+
+
+async def test_what_parse_accepts_a_loader_takes(tmp_path: Path) -> None:
+    options = VllmOptions.parse(
+        {
+            "cache_dir": str(tmp_path / "cache"), "headers": {"X-Tab": "a\tb", "X-L": "caf\u00e9"},
+            "connect_timeout": 0.5, "s3_endpoint_url": "http://127.0.0.1:9",
+            "chunk_size": "64KiB", "url": "s3://bucket/m/",
+        }
+    )  # fmt: skip
+    async with Loader(options.loader) as loader:
+        assert loader.options.cache_dir == str(tmp_path / "cache")
 
 
 @pytest.mark.parametrize(
