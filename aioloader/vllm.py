@@ -28,13 +28,15 @@ beside them (in GPU memory above all). On a GPU the tensors land in device
 memory through this package's GPU path and are copied once more, on the
 device, into the parameters.
 
-With ``"distributed": true`` the ranks of vLLM's world group (tensor and pipeline
-parallel ranks, on every node) load together through ``group=`` (distributed.py):
-each reads about 1/N of the checkpoint and receives the rest from the others over
-the world group's gloo (CPU) group, which vLLM creates beside its device group.
-The exchange is in host memory, so the tensors then reach a GPU model through
-``load_weights``' own copy. Every rank of the world group must load (vLLM loads
-on all of them at startup); with one rank the key changes nothing.
+With ``"distributed": true`` the ranks of vLLM's tensor-parallel group (on every
+node it spans) load together through ``group=`` (distributed.py): each reads about
+1/N of the checkpoint and receives the rest from the others over the group's gloo
+(CPU) group, which vLLM creates beside its device group. The exchange is in host
+memory, so the tensors then reach a GPU model through ``load_weights``' own copy.
+Not the world group: with data parallelism it spans every replica, and replicas
+start and load on their own, so a load waiting for all of them could hang. Each
+pipeline stage's ranks are a tensor-parallel group of their own, and load together;
+with one rank in the group the key changes nothing.
 """
 
 from __future__ import annotations
@@ -330,7 +332,7 @@ def _loader_class() -> type:
 
         def load_weights(self, model: Any, model_config: Any) -> None:
             url = _weights_url(self.options, model_config)
-            group = _world_group() if self.options.distributed else None
+            group = _load_group() if self.options.distributed else None
             # group= exchanges host memory; the model's own load_weights moves it on.
             device = "cpu" if group is not None else _device_of(model)
             expected = {name for name, _ in model.named_parameters()}
@@ -352,25 +354,26 @@ def _loader_class() -> type:
     return AioloaderModelLoader
 
 
-def _world_group() -> Any:
-    """The gloo group of vLLM's world group, for ``group=``; None when it has one rank.
+def _load_group() -> Any:
+    """The gloo group of vLLM's tensor-parallel group, for ``group=``: the ranks that
+    load this model at the same time (see the module); None when it has one rank.
 
     Raises:
-        ConfigError: vLLM's distributed environment is not set up in this process.
+        ConfigError: vLLM's model-parallel groups are not set up in this process.
     """
     from vllm.distributed import parallel_state
 
     try:
-        world = parallel_state.get_world_group()
+        group = parallel_state.get_tp_group()
     except AssertionError:  # vLLM asserts that the group exists
-        world = None
-    if world is None:
+        group = None
+    if group is None:
         raise ConfigError(
-            '--model-loader-extra-config: "distributed": true needs vLLM\'s world group, '
-            "which is not initialized in this process; load through vLLM's engine, or "
-            'leave "distributed" out'
+            '--model-loader-extra-config: "distributed": true needs vLLM\'s tensor-parallel '
+            "group, which is not initialized in this process; load through vLLM's engine, "
+            'or leave "distributed" out'
         )
-    return world.cpu_group if world.world_size > 1 else None
+    return group.cpu_group if group.world_size > 1 else None
 
 
 def _weights_url(options: VllmOptions, model_config: Any) -> str:

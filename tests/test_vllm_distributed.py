@@ -1,11 +1,14 @@
-"""``"distributed": true`` in vLLM: the ranks of vLLM's world group share one read.
+"""``"distributed": true`` in vLLM: the ranks of vLLM's tensor-parallel group share one read.
 
 A two-rank vLLM engine (tensor parallel 2) on a 2-CPU machine without GPUs is out
 of reach, so this runs what such an engine's workers run, as close to it as the
-machine allows: two real processes in .venv-vllm each set up vLLM's distributed
-environment over gloo (``init_distributed_environment``, which makes the world
-group and its CPU group as a worker does), take the loader vLLM has registered for
-``--load-format aioloader`` and call its ``load_weights`` (tests/vllm_rank.py).
+machine allows: real processes in .venv-vllm each set up vLLM's distributed
+environment over gloo (``init_distributed_environment`` and
+``initialize_model_parallel``, which make the world group, the tensor-parallel
+groups and their CPU groups as a worker does), take the loader vLLM has registered
+for ``--load-format aioloader`` and call its ``load_weights`` (tests/vllm_rank.py).
+A world of two replicas of two ranks each stands for data parallelism: the world
+group spans both replicas, which load on their own.
 Not covered: vLLM's engine creating the group itself, and a model's own
 ``load_weights`` splitting the tensors among tensor-parallel ranks.
 
@@ -53,13 +56,19 @@ def env() -> dict[str, str]:
     return out
 
 
-def run_ranks(tmp: Path, world: int, extra: dict[str, Any], files: list[Path]) -> list[Any]:
-    """Start ``world`` ranks (one with ``world=0``: no distributed setup) and wait for all."""
+def run_ranks(
+    tmp: Path, world: int, extra: dict[str, Any], files: list[Path], **more: Any
+) -> list[Any]:
+    """Start ``world`` ranks (one with ``world=0``: no distributed setup) and wait for all;
+    ``more`` goes into each rank's spec (``tp``; ``load``: the ranks that load)."""
     port = free_port()
     procs = []
+    loading = more.pop("load", None)
     for rank in range(max(world, 1)):
         spec = {"rank": rank, "world": world, "port": port, "extra": extra,
-                "files": [str(f) for f in files]}  # fmt: skip
+                "files": [str(f) for f in files], **more}  # fmt: skip
+        if loading is not None:
+            spec["load"] = rank in loading
         (tmp / f"spec{rank}.json").write_text(json.dumps(spec))
         log = (tmp / f"rank{rank}.log").open("wb")
         args = [
@@ -111,7 +120,25 @@ def test_two_ranks_read_the_checkpoint_once(http_server: FaultyHttpServer, tmp_p
 
 
 @pytest.mark.timeout(600)
-def test_without_the_world_group_distributed_is_refused(
+def test_each_replica_loads_on_its_own(http_server: FaultyHttpServer, tmp_path: Path) -> None:
+    """Data parallelism: the world group spans every replica, and a load over it waited
+    for replicas that load at another time (here: never). Each tensor-parallel group
+    loads alone."""
+    files, size = checkpoint(http_server.root / "m")
+    url = http_server.url_for("m/model.safetensors.index.json")
+    http_server.reset_counters()
+    extra = {"url": url, "distributed": True, "concurrency": 2, "chunk_size": "1MiB"}
+    results = run_ranks(tmp_path, 4, extra, files, tp=2, load={0, 1})
+    for result in results:
+        assert result["ok"], result.get("traceback")
+        assert (result["world_size"], result["tp_size"]) == (4, 2)
+    for result in results[:2]:
+        assert result["mismatched"] == []
+    assert size <= http_server.bytes_sent < 1.5 * size, (http_server.bytes_sent, size)
+
+
+@pytest.mark.timeout(600)
+def test_without_the_model_parallel_groups_distributed_is_refused(
     http_server: FaultyHttpServer, tmp_path: Path
 ) -> None:
     files, _ = checkpoint(http_server.root / "m")

@@ -2,14 +2,17 @@
 
     python tests/vllm_rank.py SPEC.json OUT.json
 
-SPEC: ``{"rank", "world", "port", "extra", "files"}``. The rank sets up vLLM's own
-distributed environment (``init_distributed_environment`` with gloo, which makes
-the world group and its CPU group as an engine's worker does), gets the loader
-vLLM registered for ``--load-format aioloader`` and calls its ``load_weights``
-on a small module whose parameters are named after the checkpoint's tensors. It
-then compares every parameter with ``safetensors`` reading ``files``, bit for
-bit. With ``"world": 0`` it skips the distributed setup (to see the refusal).
-OUT gets ``{"ok", "world_size", "mismatched", "error"}``.
+SPEC: ``{"rank", "world", "port", "extra", "files"}``, optionally ``"tp"`` (the
+tensor-parallel size, default the world's) and ``"load"`` (false: set up, load
+nothing). The rank sets up vLLM's own distributed environment as an engine's worker
+does (``init_distributed_environment`` with gloo, which makes the world group and
+its CPU group, then ``initialize_model_parallel``: with ``tp`` below the world, the
+world holds several replicas, each its own tensor-parallel group), gets the loader
+vLLM registered for ``--load-format aioloader`` and calls its ``load_weights`` on a
+small module whose parameters are named after the checkpoint's tensors. It then
+compares every parameter with ``safetensors`` reading ``files``, bit for bit. With
+``"world": 0`` it skips the distributed setup (to see the refusal). OUT gets
+``{"ok", "world_size", "tp_size", "mismatched", "error"}``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,13 @@ def main() -> int:
                 distributed_init_method=f"tcp://127.0.0.1:{spec['port']}", backend="gloo",
             )  # fmt: skip
             out["world_size"] = parallel_state.get_world_group().world_size
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=spec.get("tp", spec["world"]), backend="gloo"
+            )
+            out["tp_size"] = parallel_state.get_tp_group().world_size
+        if not spec.get("load", True):
+            out["ok"] = True
+            return _done(spec, out)
         reference: dict[str, torch.Tensor] = {}
         for path in spec["files"]:
             reference.update(load_file(path))
@@ -76,11 +86,16 @@ def main() -> int:
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["traceback"] = traceback.format_exc()
-    finally:
-        if spec["world"] and parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
-        if spec["world"]:
-            parallel_state.destroy_distributed_environment()
+    return _done(spec, out)
+
+
+def _done(spec: dict[str, Any], out: dict[str, Any]) -> int:
+    from vllm.distributed import parallel_state
+
+    if spec["world"] and parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if spec["world"]:
+        parallel_state.destroy_distributed_environment()
     with open(sys.argv[2], "w") as fh:
         json.dump(out, fh)
     return 0
