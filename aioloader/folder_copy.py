@@ -3,9 +3,10 @@
 KServe calls its storage initializer as ``<cmd> SRC DEST``; this is that command's
 core. What is copied:
 
-- a folder that can be listed (local, ``s3://``, ``gs://``, ``az://``, ``hf://``, an
-  HTTP listing): every file ``Source.list_dir`` names in it, configs and tokenizers
-  with the weights;
+- a folder that can be listed (local, ``s3://``, ``gs://``, ``az://``, ``hf://``): every
+  file ``Source.list_dir`` names in it and in its sub-folders (``1_Pooling/config.json``
+  of a sentence-transformers model), configs and tokenizers with the weights; names
+  that start with ``.`` (``.gitattributes``, ``.cache/``) are not copied;
 - an index URL, a single ``.safetensors`` URL or an unlisted HTTP folder ending in
   ``/`` (layout.py finds its shards): those files, plus the well-known config and
   tokenizer files next to them that exist (``WELL_KNOWN``).
@@ -17,24 +18,22 @@ and the whole-object checksum the store publishes checked (S3's
 renamed into place only when every file is complete, so no half-written file ever
 has a final name; a failed or cancelled copy removes its partial folder, and one
 left by a killed copy is removed by the next. Two copies into one DEST take turns
-(a lock on the folder).
+(a lock on the folder); folder_dest.py writes nothing through a link planted in DEST.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import shutil
-import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Unpack
 
 from .cache.checksum import Published
 from .errors import ConfigError, NotFoundError, SourceError
+from .folder_dest import PARTIAL_PREFIX, Destination, name_problem
 from .layout import resolve_layout
 from .options import LoadKeywords, LoadOptions
 from .sources.auto import source_for
@@ -44,7 +43,7 @@ from .threads import Lane, Lanes, run_blocking
 
 __all__ = ["PARTIAL_PREFIX", "WELL_KNOWN", "FolderCopy", "copy_folder"]
 
-PARTIAL_PREFIX = ".aioloader-partial-"
+MAX_DEPTH = 32  # sub-folders below SRC: a listing that never ends is refused, not walked
 
 # Files a model folder carries beside its weights, tried by name where no listing exists.
 WELL_KNOWN = (
@@ -84,15 +83,7 @@ class FolderCopy:
 
 def _checked_name(name: str, src: str) -> str:
     """A file name from a listing or an index, refused if it could leave DEST."""
-    parts = name.split("/")
-    if (
-        not name
-        or "\0" in name
-        or "\\" in name
-        or name.startswith("/")
-        or any(p in ("", ".", "..") for p in parts)
-        or parts[0].startswith(PARTIAL_PREFIX)
-    ):
+    if name_problem(name) is not None:
         raise SourceError(f"{src} lists a file named {name!r}, which cannot be copied safely")
     return name
 
@@ -106,14 +97,47 @@ async def _exists(source: Source, url: str) -> bool:
     return True
 
 
+async def _walk(
+    source: Source, folder: str, names: list[str], under: str, src: str
+) -> list[tuple[str, str]]:
+    """``(url, relative name)`` of the files ``folder`` lists as ``names`` and of those
+    in its sub-folders (listed here)."""
+    files = [n for n in names if not n.startswith(".") and not n.endswith("/")]
+    copies = [(source.join(folder, n), _checked_name(under + n, src)) for n in files]
+    subs = [n[:-1] for n in names if not n.startswith(".") and n.endswith("/")]
+    clash = set(files) & set(subs)
+    if clash:
+        raise SourceError(
+            f"{src} lists {under + min(clash)!r} both as a file and as a folder; a folder on "
+            "disk cannot hold both: remove one of them from the source"
+        )
+    found: dict[str, list[tuple[str, str]]] = {}
+
+    async def walk(sub: str) -> None:
+        name = _checked_name(under + sub, src)
+        if name.count("/") >= MAX_DEPTH:
+            raise SourceError(
+                f"{src} nests folders more than {MAX_DEPTH} deep ({name!r}); that is no model "
+                "folder: check the source, or fetch the folder that holds the model"
+            )
+        url = source.join(folder, sub + "/")  # a folder's URL: an empty one lists as one
+        inside = await source.list_dir(url)
+        if inside is None:
+            raise SourceError(f"{src}: the folder {name!r} is gone or is a file now; fetch again")
+        found[sub] = await _walk(source, url, inside, name + "/", src)
+
+    await gather(walk(sub) for sub in subs)
+    return copies + [copy for sub in sorted(found) for copy in found[sub]]
+
+
 async def files_to_copy(source: Source, src: str) -> list[tuple[str, str]]:
     """``(url, relative name)`` of every file to copy from ``src`` (see the module)."""
     names = await source.list_dir(src)
     if names is not None:
-        listed = [n for n in names if not n.startswith(".")]
-        if not listed:
+        copies = await _walk(source, src, names, "", src)
+        if not copies:
             raise SourceError(f"{src} is an empty folder; there is nothing to fetch")
-        return [(source.join(src, n), _checked_name(n, src)) for n in sorted(listed)]
+        return copies
     layout = await resolve_layout(source, src)
     folder = src.rstrip("/") if src.endswith("/") else source.parent(layout.files[0])
     urls = list(layout.files) + ([layout.index] if layout.index else [])
@@ -129,24 +153,14 @@ async def files_to_copy(source: Source, src: str) -> list[tuple[str, str]]:
     return copies
 
 
-def _lock_dest(dest: Path) -> int:
-    """Create DEST, take its lock (waits for another copy) and remove stale partials."""
-    dest.mkdir(parents=True, exist_ok=True)
-    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+def _create(path: Path, size: int) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        for stale in dest.glob(PARTIAL_PREFIX + "*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        os.ftruncate(fd, size)
     except BaseException:
         os.close(fd)
         raise
-    return fd
-
-
-def _create(path: Path, size: int) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    os.ftruncate(fd, size)
     return fd
 
 
@@ -247,6 +261,7 @@ async def copy_folder(
         ConfigError: a bad argument or option.
         SourceError: the source could not be listed or read, a file changed mid-copy
             or does not match its published checksum; ``dest`` is left as it was.
+        CacheError: a link or a file in ``dest`` is where a sub-folder goes.
     """
     src, path = _check_arguments(src, dest)
     built = LoadOptions.build(options, **keywords)
@@ -258,37 +273,22 @@ async def copy_folder(
     try:
         copies = await files_to_copy(source, src)
         lane = lanes.cache
-        lock = await run_blocking(lane, lambda: _lock_dest(path), os.close)
+        target = await run_blocking(lane, lambda: Destination.open(path), Destination.close)
         try:
-            partial = Path(
-                await run_blocking(lane, lambda: tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=path))
-            )
+            partial = await run_blocking(lane, target.new_partial)
             try:
                 slots = max(1, min(limits.concurrency, limits.staging_bytes // limits.chunk_size))
                 copier = _Copier(source, partial, lane, limits.chunk_size, slots)
                 await gather(copier.copy(url, name) for url, name in copies)
-                await run_blocking(lane, lambda: _move_into_place(partial, path, copies))
+                names = [name for _, name in copies]
+                await run_blocking(lane, lambda: target.commit(partial, names))
             finally:
                 await run_blocking(lane, lambda: shutil.rmtree(partial, ignore_errors=True))
         finally:
-            os.close(lock)
+            target.close()
     finally:
         try:
             await source.aclose()
         finally:
             lanes.close()
-    names = tuple(name for _, name in copies)
-    return FolderCopy(src, str(path), names, copier.bytes, time.perf_counter() - started)
-
-
-def _move_into_place(partial: Path, dest: Path, copies: Sequence[tuple[str, str]]) -> None:
-    """Rename each complete file to its final name (atomic per file), then sync DEST."""
-    for _, name in copies:
-        target = dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(partial / name, target)
-    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return FolderCopy(src, str(path), tuple(names), copier.bytes, time.perf_counter() - started)

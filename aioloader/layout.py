@@ -195,6 +195,12 @@ async def resolve_layout(source: Source, url: str | Sequence[str]) -> ModelLayou
             chosen = indexes[0]
         return await _from_index(source, source.join(url, chosen))
     files = [n for n in names if n.endswith(SAFETENSORS_SUFFIX)]
+    folders = [n for n in names if n.endswith(SAFETENSORS_SUFFIX + "/")]  # see list_dir
+    if folders:
+        raise SourceError(
+            f"{source.join(url, folders[0][:-1])} is a directory where a file was expected "
+            "(every .safetensors in the folder is loaded): rename or remove it"
+        )
     if not files:
         if not names:
             raise SourceError(f"{url} is an empty folder; expected .safetensors files in it")

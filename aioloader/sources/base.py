@@ -51,7 +51,8 @@ class Source(ABC):
 
     @abstractmethod
     async def list_dir(self, url: str) -> list[str] | None:
-        """Names in the folder at ``url``, or ``None`` when ``url`` is not a folder."""
+        """Names in the folder at ``url``, sorted, each sub-folder's with a trailing ``/``;
+        ``None`` when ``url`` is not a folder."""
 
     @abstractmethod
     async def open(self, url: str) -> Blob:

@@ -398,9 +398,12 @@ def _close_all(opened: _Opened) -> None:
 
 
 def _list(path: str) -> list[str] | None:
+    """The names in the folder ``path``, sub-folders marked with a trailing ``/`` (a link
+    to a folder is not one: it is listed as a name, which does not open as a file)."""
     if not os.path.isdir(path):
         return None
-    return sorted(os.listdir(path))
+    with os.scandir(path) as entries:
+        return sorted(e.name + "/" if e.is_dir(follow_symlinks=False) else e.name for e in entries)
 
 
 class FileSource(Source):

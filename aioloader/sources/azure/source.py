@@ -76,6 +76,10 @@ class AzureSource(Source):
                     raise broken_listing(url, where.endpoint, "a <Blob> has no <Name>")
                 if name.startswith(prefix) and name != prefix:
                     names.append(name[len(prefix) :])
+            for folder in root.iter("BlobPrefix"):  # a sub-folder: "<prefix>sub/"
+                name = folder.findtext("Name") or ""
+                if name.startswith(prefix) and name != prefix:
+                    names.append(name[len(prefix) :])
             marker = root.findtext("NextMarker") or ""
             if not marker:
                 return listed(names, where.name)

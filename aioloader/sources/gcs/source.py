@@ -83,7 +83,8 @@ class GcsSource(Source):
         names: list[str] = []
         token = None
         while True:
-            params = {"prefix": prefix, "delimiter": "/", "fields": "items(name),nextPageToken"}
+            fields = "items(name),prefixes,nextPageToken"
+            params = {"prefix": prefix, "delimiter": "/", "fields": fields}
             if token:
                 params["pageToken"] = token
             page = await self._get_json(
@@ -98,6 +99,10 @@ class GcsSource(Source):
             ):
                 raise self._broken(url, "listing", "its items are not objects with a name")
             names += [i["name"][len(prefix) :] for i in items if i["name"] != prefix]
+            folders = page.get("prefixes", [])  # sub-folders: "<prefix>sub/"
+            if not isinstance(folders, list) or not all(isinstance(f, str) for f in folders):
+                raise self._broken(url, "listing", "its prefixes are not strings")
+            names += [f[len(prefix) :] for f in folders if f.startswith(prefix) and f != prefix]
             token = page.get("nextPageToken")
             if token is not None and not isinstance(token, str):
                 raise self._broken(url, "listing", "its nextPageToken is not a string")

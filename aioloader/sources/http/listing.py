@@ -26,7 +26,7 @@ def listed(names: list[str], key: str) -> list[str] | None:
     that opening it says whether the object exists)."""
     if not names and key and not key.endswith("/"):
         return None
-    return sorted(names)
+    return sorted(set(names))  # a folder marker object and its prefix name one folder
 
 
 def broken_listing(url: str, endpoint: str, problem: str) -> SourceError:

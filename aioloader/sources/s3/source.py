@@ -129,6 +129,10 @@ class S3Source(Source):
                     raise broken_listing(url, self._signer.endpoint, "a <Contents> has no <Key>")
                 if name.startswith(prefix) and name != prefix:
                     names.append(name[len(prefix) :])
+            for item in [*root.iter(S3_NAMESPACE + "CommonPrefixes"), *root.iter("CommonPrefixes")]:
+                folder = xml_text(item, "Prefix") or ""  # a sub-folder: "<prefix>sub/"
+                if folder.startswith(prefix) and folder != prefix:
+                    names.append(folder[len(prefix) :])
             truncated = (xml_text(root, "IsTruncated") or "false").lower() == "true"
             token = xml_text(root, "NextContinuationToken")
             if not truncated or not token:

@@ -1,0 +1,205 @@
+"""``aioloader fetch`` (folder_copy.py, folder_dest.py): sub-folders."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+from xml.sax.saxutils import escape
+
+import pytest
+from safetensors.torch import save
+
+from aioloader import CacheError, SourceError
+from aioloader.folder_copy import PARTIAL_PREFIX, copy_folder
+
+from .helpers import random_tensors
+from .s3_server import MotoS3Server
+
+# A sentence-transformers model's folder, as all-MiniLM-L6-v2 has it.
+SENTENCE = {
+    "config.json": b'{"model_type": "bert"}',
+    "modules.json": b'[{"idx": 1, "path": "1_Pooling", "type": "Pooling"}]',
+    "1_Pooling/config.json": b'{"word_embedding_dimension": 384}',
+    "2_Dense/sub/deeper.json": b"{}",
+}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def _write(folder: Path, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+
+
+def _sentence_model(seed: int = 0) -> dict[str, bytes]:
+    return {**SENTENCE, "model.safetensors": save(random_tensors(seed=seed, count=4))}
+
+
+def _fetch(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aioloader", "fetch", *args],
+        capture_output=True, text=True, timeout=120, check=False, **kwargs,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    pytest.importorskip("huggingface_hub")
+    from .hub_server import LocalHub
+
+    with LocalHub(tmp_path) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
+        yield server
+
+
+# -- sub-folders (issue 33, item 2) ----------------------------------------------------------
+
+
+def test_local_folder_with_sub_folders_through_the_command(tmp_path: Path) -> None:
+    want = _sentence_model()
+    _write(tmp_path / "src", {**want, ".cache/x": b"hidden", "1_Pooling/.hidden": b"no"})
+    dest = tmp_path / "dest"
+    out = _fetch(str(tmp_path / "src"), str(dest))
+    assert out.returncode == 0, out.stderr
+    assert _files(dest) == want  # hidden names at any depth are not copied
+    assert sorted(out.stdout.split()) == sorted(want)
+    assert not list(dest.glob(PARTIAL_PREFIX + "*"))
+
+
+async def test_hf_repo_with_sub_folders(tmp_path: Path, hub: Any) -> None:
+    want = _sentence_model(seed=1)
+    hub.commit("sentence-transformers/all-MiniLM-L6-v2", {**want, ".gitattributes": b"*"})
+    done = await copy_folder("hf://sentence-transformers/all-MiniLM-L6-v2", tmp_path / "d")
+    assert _files(tmp_path / "d") == want
+    assert sorted(done.files) == sorted(want)
+
+
+async def test_s3_folder_with_sub_folders(tmp_path: Path, s3_env: MotoS3Server) -> None:
+    want = _sentence_model(seed=2)
+    _write(tmp_path / "src", want)
+    s3_env.create_bucket("fetch-sub")
+    s3_env.upload("fetch-sub", "org/model", tmp_path / "src")
+    await copy_folder("s3://fetch-sub/org/model/", tmp_path / "dest")
+    assert _files(tmp_path / "dest") == want
+
+
+async def test_s3_folder_marker_is_a_folder(tmp_path: Path, s3_env: MotoS3Server) -> None:
+    s3_env.create_bucket("fetch-marker")
+    s3_env.put_object("fetch-marker", "m/model.safetensors", save(random_tensors(count=2)))
+    s3_env.put_object("fetch-marker", "m/empty/", b"")  # what a console's "new folder" makes
+    s3_env.put_object("fetch-marker", "m/1_Pooling/", b"")
+    s3_env.put_object("fetch-marker", "m/1_Pooling/config.json", b"{}")
+    done = await copy_folder("s3://fetch-marker/m/", tmp_path / "dest")
+    assert sorted(done.files) == ["1_Pooling/config.json", "model.safetensors"]
+
+
+def test_gcs_folder_with_sub_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("gcp_storage_emulator")
+    from .gcs_server import GcsEmulator
+
+    want = _sentence_model(seed=3)
+    with GcsEmulator() as gcs:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
+        gcs.create_bucket("fetch-sub")
+        for name, data in want.items():
+            gcs.put("fetch-sub", f"org/model/{name}", data)
+        gcs.put("fetch-sub", "org/model-b/config.json", b"{}")  # a sibling: not copied
+        out = _fetch("gs://fetch-sub/org/model/", str(tmp_path / "dest"))
+    assert out.returncode == 0, out.stderr
+    assert _files(tmp_path / "dest") == want
+
+
+def _azure_at(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    for name in (
+        "AZURE_STORAGE_SAS_TOKEN",
+        "AZURE_STORAGE_KEY",
+        "AZURE_STORAGE_ACCOUNT_KEY",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", f"AccountName=acct;BlobEndpoint={url}")
+
+
+async def test_azure_listing_names_sub_folders(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aioloader.sources.azure.source import AzureSource
+    from aioloader.threads import Lanes
+
+    from .test_listings import DocServer
+
+    body = (
+        b"<EnumerationResults><Blobs><Blob><Name>llm/config.json</Name></Blob>"
+        b"<BlobPrefix><Name>llm/1_Pooling/</Name></BlobPrefix></Blobs></EnumerationResults>"
+    )
+    async with DocServer(body) as server:
+        _azure_at(monkeypatch, f"{server.url}/acct")
+        lanes = Lanes(2)
+        source = AzureSource(lanes)
+        try:
+            assert await source.list_dir("az://box/llm/") == [
+                "1_Pooling/",
+                "config.json",
+            ]
+        finally:
+            await source.aclose()
+            lanes.close()
+
+
+async def test_a_listing_that_never_ends_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .test_listings import DocServer
+
+    class Deeper(DocServer):
+        """Every folder it lists holds a sub-folder ``a/``."""
+
+        async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                try:
+                    request = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                query = parse_qs(urlsplit(request.split()[1].decode()).query)
+                name = escape(query["prefix"][0] + "a/").encode()
+                body = b"<EnumerationResults><Blobs><BlobPrefix><Name>" + name
+                body += b"</Name></BlobPrefix></Blobs></EnumerationResults>"
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                await writer.drain()
+
+    async with Deeper(b"") as server:
+        _azure_at(monkeypatch, f"{server.url}/acct")
+        with pytest.raises(SourceError, match="nests folders more than 32 deep"):
+            await copy_folder("az://box/llm/", tmp_path / "dest")
+
+
+async def test_a_link_planted_in_dest_is_not_written_through(tmp_path: Path) -> None:
+    _write(tmp_path / "src", _sentence_model())
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "dest" / "1_Pooling").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(CacheError, match="1_Pooling is not a folder"):
+        await copy_folder(str(tmp_path / "src"), tmp_path / "dest")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert not list((tmp_path / "dest").glob(PARTIAL_PREFIX + "*"))
+
+
+async def test_a_link_to_a_folder_in_the_source_is_refused(tmp_path: Path) -> None:
+    _write(tmp_path / "src", _sentence_model())
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_text("not part of the model")
+    (tmp_path / "src" / "linked").symlink_to(tmp_path / "outside")
+    with pytest.raises(SourceError, match="linked"):
+        await copy_folder(str(tmp_path / "src"), tmp_path / "dest")
+    assert _files(tmp_path / "dest") == {}
