@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Unpack
+from urllib.parse import unquote
 
 from .cache.checksum import Published
 from .errors import ConfigError, NotFoundError, SourceError
@@ -130,6 +131,20 @@ async def _walk(
     return copies + [copy for sub in sorted(found) for copy in found[sub]]
 
 
+def _name_in(source: Source, folder: str, url: str, src: str) -> tuple[str, str]:
+    """The name of ``url`` inside ``folder`` and the URL to copy it from: the one
+    ``source.join`` makes of that name (percent-encoded, pinned to a commit)."""
+    pinned = source.parent(source.join(folder, "x"))
+    for prefix in dict.fromkeys((pinned + "/", folder + "/")):
+        if url.startswith(prefix):
+            written = url[len(prefix) :]
+            for name in dict.fromkeys((written, unquote(written))):
+                if source.join(folder, name) == url:
+                    return _checked_name(name, src), url
+            return _checked_name(written, src), url  # a URL not written as join writes it
+    raise SourceError(f"{src} names {url}, which is not inside {folder}")
+
+
 async def files_to_copy(source: Source, src: str) -> list[tuple[str, str]]:
     """``(url, relative name)`` of every file to copy from ``src`` (see the module)."""
     names = await source.list_dir(src)
@@ -139,18 +154,16 @@ async def files_to_copy(source: Source, src: str) -> list[tuple[str, str]]:
             raise SourceError(f"{src} is an empty folder; there is nothing to fetch")
         return copies
     layout = await resolve_layout(source, src)
-    folder = src.rstrip("/") if src.endswith("/") else source.parent(layout.files[0])
+    if layout.index is not None:
+        folder = source.parent(layout.index)
+    else:
+        folder = src.rstrip("/") if src.endswith("/") else source.parent(layout.files[0])
     urls = list(layout.files) + ([layout.index] if layout.index else [])
-    extra = [source.join(folder, n) for n in WELL_KNOWN]
-    found = await asyncio.gather(*(_exists(source, u) for u in extra))
-    urls += [u for u, there in zip(extra, found, strict=True) if there and u not in urls]
-    prefix = folder + "/"
-    copies = []
-    for url in urls:
-        if not url.startswith(prefix):
-            raise SourceError(f"{src} names {url}, which is not inside {folder}")
-        copies.append((url, _checked_name(url[len(prefix) :], src)))
-    return copies
+    by_name = {name: url for name, url in (_name_in(source, folder, u, src) for u in urls)}
+    extra = {n: source.join(folder, n) for n in WELL_KNOWN if n not in by_name}
+    found = await asyncio.gather(*(_exists(source, u) for u in extra.values()))
+    by_name |= {n: u for (n, u), there in zip(extra.items(), found, strict=True) if there}
+    return [(url, name) for name, url in by_name.items()]
 
 
 def _create(path: Path, size: int) -> int:

@@ -1,8 +1,10 @@
-"""``aioloader fetch`` (folder_copy.py, folder_dest.py): sub-folders."""
+"""``aioloader fetch`` (folder_copy.py, folder_dest.py): sub-folders, names with ``#``
+and ``?``."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from aioloader import CacheError, SourceError
 from aioloader.folder_copy import PARTIAL_PREFIX, copy_folder
 
 from .helpers import random_tensors
+from .http_server import FaultyHttpServer
 from .s3_server import MotoS3Server
 
 # A sentence-transformers model's folder, as all-MiniLM-L6-v2 has it.
@@ -203,3 +206,54 @@ async def test_a_link_to_a_folder_in_the_source_is_refused(tmp_path: Path) -> No
     with pytest.raises(SourceError, match="linked"):
         await copy_folder(str(tmp_path / "src"), tmp_path / "dest")
     assert _files(tmp_path / "dest") == {}
+
+
+# -- '#' and '?' in names (item 10) ------------------------------------------------------------
+
+
+async def test_hash_and_question_mark_in_hf_names(tmp_path: Path, hub: Any) -> None:
+    want = {
+        **_sentence_model(seed=3),
+        "a#b.txt": b"hash",
+        "c?d.txt": b"query",
+        "e%20f": b"pc",
+    }
+    want["1_Pooling/g#h?.json"] = b"{}"
+    hub.commit("org/odd-names", want)
+    await copy_folder("hf://org/odd-names", tmp_path / "dest")
+    assert _files(tmp_path / "dest") == want
+
+
+async def test_hash_and_question_mark_in_http_shard_names(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    tensors = random_tensors(seed=4, count=4)
+    keys = sorted(tensors)
+    weight_map = {}
+    for shard, part in (
+        ("model#1.safetensors", keys[:2]),
+        ("model?2.safetensors", keys[2:]),
+    ):
+        (http_server.root / shard).write_bytes(save({k: tensors[k] for k in part}))
+        weight_map |= dict.fromkeys(part, shard)
+    index = json.dumps({"weight_map": weight_map}).encode()
+    (http_server.root / "model.safetensors.index.json").write_bytes(index)
+    (http_server.root / "config.json").write_bytes(b"{}")
+    await copy_folder(http_server.url_for("model.safetensors.index.json"), tmp_path / "dest")
+    want = {
+        n: (http_server.root / n).read_bytes() for n in [*set(weight_map.values()), "config.json"]
+    }
+    assert _files(tmp_path / "dest") == {**want, "model.safetensors.index.json": index}
+
+
+async def test_hf_index_and_single_file_urls(tmp_path: Path, hub: Any) -> None:
+    tensors = random_tensors(seed=5, count=4)
+    keys = sorted(tensors)
+    shard = save({k: tensors[k] for k in keys})
+    index = json.dumps({"weight_map": dict.fromkeys(keys, "model-1.safetensors")}).encode()
+    files = {"model-1.safetensors": shard, "model.safetensors.index.json": index}
+    hub.commit("org/indexed", {**files, "config.json": b"{}", "other.txt": b"not named"})
+    await copy_folder("hf://org/indexed/model.safetensors.index.json", tmp_path / "a")
+    assert _files(tmp_path / "a") == {**files, "config.json": b"{}"}
+    await copy_folder("hf://org/indexed/model-1.safetensors", tmp_path / "b")
+    assert _files(tmp_path / "b") == {"model-1.safetensors": shard, "config.json": b"{}"}

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 from ..errors import (
     AccessDeniedError,
@@ -454,7 +454,7 @@ class FileSource(Source):
 
     def join(self, base: str, name: str) -> str:
         if base.startswith("file://"):
-            return base.rstrip("/") + "/" + name
+            return base.rstrip("/") + "/" + quote(name)  # to_path decodes it
         return os.path.join(base, name)
 
     def parent(self, url: str) -> str:

@@ -4,7 +4,8 @@ The revision is a branch, a tag or a commit sha; it is percent-decoded, so a
 branch with a slash is written ``feature%2Fx`` (``refs/pr/N`` and
 ``refs/convert/NAME`` may also be written as they are). The path, a folder or a
 file of the repository, is taken as written: it is a name looked up in the
-repository's listing, never decoded. Everything is checked in its final form.
+repository's listing, never decoded (``#`` and ``?`` in it are part of a name: an
+hf:// URL has no query or fragment). Everything is checked in its final form.
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ def parse_hf_url(url: object) -> HfLocation:
     if url[: len(_PREFIX)].lower() != _PREFIX:
         raise ConfigError(f"{url} is not an hf:// URL; {_HINT}")
     rest = url[len(_PREFIX) :]
-    if "?" in rest or "#" in rest:
-        raise ConfigError(f"{url}: an hf:// URL has no query or fragment; {_HINT}")
     parts = rest.split("/")
+    if "?" in "/".join(parts[:2]) or "#" in "/".join(parts[:2]):
+        # In the path they are a file's name ("a#b.txt"): names are taken as written.
+        raise ConfigError(f"{url}: an hf:// URL has no query or fragment; {_HINT}")
     if len(parts) < 2 or not parts[0] or not parts[1]:
         raise ConfigError(f"{url} names no repository; {_HINT}")
     owner, name_rev, tail = parts[0], parts[1], parts[2:]

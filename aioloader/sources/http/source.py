@@ -9,7 +9,7 @@ configured headers go only to the URL's own origin (see signer.py).
 
 from __future__ import annotations
 
-from urllib.parse import urljoin
+from urllib.parse import quote, urljoin
 
 from ...config import HttpOptions
 from ...threads import Lanes
@@ -50,7 +50,9 @@ class HttpSource(Source):
         return await self._store.open(url, url)
 
     def join(self, base: str, name: str) -> str:
-        return urljoin(base if base.endswith("/") else base + "/", name)
+        # A name is a file's name (an index's shard, a listing's entry), never a URL:
+        # percent-encoded, so that "#", "?", "%" or ":" in it stay part of the path.
+        return urljoin(base if base.endswith("/") else base + "/", quote(name))
 
     async def aclose(self) -> None:
         await self._store.aclose()
