@@ -27,14 +27,15 @@ import asyncio
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Unpack
+from typing import TypeVar, Unpack
 from urllib.parse import unquote
 
 from .cache.checksum import Published
 from .errors import ConfigError, NotFoundError, SourceError
-from .folder_dest import PARTIAL_PREFIX, Destination, name_problem
+from .folder_dest import PARTIAL_PREFIX, Destination, dest_error, name_problem
 from .layout import resolve_layout
 from .options import LoadKeywords, LoadOptions
 from .sources.auto import source_for
@@ -43,6 +44,8 @@ from .tasks import gather
 from .threads import Lane, Lanes, run_blocking
 
 __all__ = ["PARTIAL_PREFIX", "WELL_KNOWN", "FolderCopy", "copy_folder"]
+
+T = TypeVar("T")
 
 MAX_DEPTH = 32  # sub-folders below SRC: a listing that never ends is refused, not walked
 
@@ -203,33 +206,45 @@ async def _published(source: Source, url: str) -> Published | None:
 class _Copier:
     """Copies files into one partial folder, ``slots`` range reads in flight in all."""
 
-    def __init__(self, source: Source, partial: Path, lane: Lane, chunk: int, slots: int) -> None:
+    def __init__(
+        self, source: Source, dest: Destination, partial: Path, lane: Lane, chunk: int, slots: int
+    ) -> None:
         self.source = source
+        self.dest = dest
         self.partial = partial
         self.lane = lane
         self.chunk = chunk
         self.gate = asyncio.Semaphore(slots)
         self.bytes = 0
 
+    async def _disk(
+        self, fn: Callable[[], T], doing: str, on_abandon: Callable[[T], object] | None = None
+    ) -> T:
+        """Run ``fn`` on the partial folder in a thread; an OSError names DEST."""
+        try:
+            return await run_blocking(self.lane, fn, on_abandon)
+        except OSError as exc:
+            raise dest_error(exc, self.dest.path, doing) from None
+
     async def copy(self, url: str, name: str) -> None:
         blob = await self.source.open(url)
         try:
             path = self.partial / name
-            fd = await run_blocking(self.lane, lambda: _create(path, blob.size), os.close)
+            fd = await self._disk(lambda: _create(path, blob.size), f"creating {name}", os.close)
             try:
                 await gather(
-                    self._range(blob, fd, start, min(self.chunk, blob.size - start))
+                    self._range(blob, fd, name, start, min(self.chunk, blob.size - start))
                     for start in range(0, blob.size, self.chunk)
                 )
                 await blob.check_unchanged()
-                await run_blocking(self.lane, lambda: os.fsync(fd))
+                await self._disk(lambda: os.fsync(fd), f"writing {name}")
             finally:
                 os.close(fd)
         finally:
             await blob.aclose()
         published = await _published(self.source, url)
-        if published is not None and not await run_blocking(
-            self.lane, lambda: _digest_of(path, published)
+        if published is not None and not await self._disk(
+            lambda: _digest_of(path, published), f"reading {name} back"
         ):
             raise SourceError(
                 f"{url}: the copied bytes do not match the {published.algorithm} the store "
@@ -237,11 +252,11 @@ class _Copier:
             )
         self.bytes += blob.size
 
-    async def _range(self, blob: Blob, fd: int, start: int, length: int) -> None:
+    async def _range(self, blob: Blob, fd: int, name: str, start: int, length: int) -> None:
         async with self.gate:
             buffer = memoryview(bytearray(length))
             await blob.read_into(start, [buffer])
-            await run_blocking(self.lane, lambda: _pwrite_all(fd, buffer, start))
+            await self._disk(lambda: _pwrite_all(fd, buffer, start), f"writing {name}")
 
 
 def _check_arguments(src: object, dest: object) -> tuple[str, Path]:
@@ -274,7 +289,8 @@ async def copy_folder(
         ConfigError: a bad argument or option.
         SourceError: the source could not be listed or read, a file changed mid-copy
             or does not match its published checksum; ``dest`` is left as it was.
-        CacheError: a link or a file in ``dest`` is where a sub-folder goes.
+        CacheError: ``dest`` cannot be written (not writable, full, a link in the way);
+            what this fetch wrote was removed.
     """
     src, path = _check_arguments(src, dest)
     built = LoadOptions.build(options, **keywords)
@@ -291,7 +307,7 @@ async def copy_folder(
             partial = await run_blocking(lane, target.new_partial)
             try:
                 slots = max(1, min(limits.concurrency, limits.staging_bytes // limits.chunk_size))
-                copier = _Copier(source, partial, lane, limits.chunk_size, slots)
+                copier = _Copier(source, target, partial, lane, limits.chunk_size, slots)
                 await gather(copier.copy(url, name) for url, name in copies)
                 names = [name for _, name in copies]
                 await run_blocking(lane, lambda: target.commit(partial, names))

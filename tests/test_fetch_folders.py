@@ -1,10 +1,12 @@
 """``aioloader fetch`` (folder_copy.py, folder_dest.py): sub-folders, names with ``#``
-and ``?``."""
+and ``?``, and a DEST that cannot be written."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -257,3 +259,77 @@ async def test_hf_index_and_single_file_urls(tmp_path: Path, hub: Any) -> None:
     assert _files(tmp_path / "a") == {**files, "config.json": b"{}"}
     await copy_folder("hf://org/indexed/model-1.safetensors", tmp_path / "b")
     assert _files(tmp_path / "b") == {"model-1.safetensors": shard, "config.json": b"{}"}
+
+
+# -- a DEST that cannot be written (item 14) ---------------------------------------------------
+
+
+def _can_mount() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = "mount -t tmpfs -o size=64k tmpfs /mnt && umount /mnt"
+    done = subprocess.run(["unshare", "-m", "sh", "-c", probe], capture_output=True, check=False)
+    return done.returncode == 0
+
+
+def _fetch_onto(tmp_path: Path, mount_options: str) -> tuple[str, str]:
+    """Fetch into a fresh tmpfs mounted with ``mount_options`` (a private mount namespace);
+    returns the command's stderr and what DEST holds afterwards."""
+    if not _can_mount():
+        pytest.skip("cannot mount a tmpfs here (needs unshare and CAP_SYS_ADMIN)")
+    _write(tmp_path / "src", {**_sentence_model(seed=8), "big.bin": os.urandom(300_000)})
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (
+        f'mount -t tmpfs -o {mount_options} tmpfs "{disk}" || exit 99\n'
+        f'"{sys.executable}" -m aioloader fetch "{tmp_path / "src"}" "{disk / "dest"}" '
+        f'2>"{tmp_path / "err"}"\n'
+        'echo "rc=$?"\n'
+        f'find "{disk}" -mindepth 1 >"{tmp_path / "left"}"\n'
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.stdout.strip() == "rc=1", (done.stdout, done.stderr)
+    return (tmp_path / "err").read_text(), (tmp_path / "left").read_text()
+
+
+def test_full_dest_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    err, left = _fetch_onto(tmp_path, "size=128k")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"aioloader: error: aioloader fetch into {tmp_path / 'disk' / 'dest'}")
+    assert "No space left on device" in err and "free space" in err
+    assert left.split() == [str(tmp_path / "disk" / "dest")]  # the folder, empty
+
+
+def test_read_only_dest_is_one_line(tmp_path: Path) -> None:
+    err, left = _fetch_onto(tmp_path, "ro")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"aioloader fetch into {tmp_path / 'disk' / 'dest'}" in err
+    assert "Read-only file system" in err and "not writable" in err
+    assert left == ""
+
+
+def test_file_size_limit_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """Runs anywhere: a file-size limit fails the writes as a full disk does."""
+    _write(tmp_path / "src", {**_sentence_model(seed=9), "big.bin": os.urandom(300_000)})
+    dest = tmp_path / "dest"
+    code = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))\n"
+        "from aioloader.cli import main\n"
+        f"sys.exit(main(['fetch', {str(tmp_path / 'src')!r}, {str(dest)!r}]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert f"aioloader fetch into {dest}: creating big.bin failed (File too large)" in out.stderr
+    assert list(dest.iterdir()) == []
