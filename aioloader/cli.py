@@ -275,11 +275,16 @@ def _parser() -> argparse.ArgumentParser:
         "fetch",
         parents=[common],
         help="copy a model folder (weights, config and tokenizer files) into a local folder",
-        description="Called as a storage initializer is (`aioloader fetch SRC DEST`): files "
-        "land under their names only when all are complete; prints the names copied.",
+        description="Called as a storage initializer is (`aioloader fetch SRC DEST`): files, "
+        "sub-folders included, land under their names only when all are complete; prints the "
+        "names copied. DEST keeps the files fetch did not write; those an earlier fetch wrote "
+        "(recorded in DEST/.aioloader-fetch.json) and the new version lacks are removed, so "
+        "DEST then holds exactly the new version.",
     )
     fetch.add_argument("src", help="folder, index or .safetensors URL: hf://, s3://, gs://, ...")
-    fetch.add_argument("dest", help="the local folder (made if missing)")
+    fetch.add_argument(
+        "dest", help="the local folder (made if missing); fetch removes only what it wrote there"
+    )
     _add_load_options(fetch)
 
     cache = sub.add_parser("cache", parents=[common], help="look after a node-local model cache")

@@ -18,7 +18,9 @@ and the whole-object checksum the store publishes checked (S3's
 renamed into place only when every file is complete, so no half-written file ever
 has a final name; a failed or cancelled copy removes its partial folder, and one
 left by a killed copy is removed by the next. Two copies into one DEST take turns
-(a lock on the folder); folder_dest.py writes nothing through a link planted in DEST.
+(a lock on the folder). A fetch into a DEST that an earlier fetch filled leaves
+exactly the new version there (folder_dest.py: the files fetch wrote are recorded,
+and those of the old version are removed; files it did not write stay).
 """
 
 from __future__ import annotations
@@ -35,16 +37,18 @@ from urllib.parse import unquote
 
 from .cache.checksum import Published
 from .errors import ConfigError, NotFoundError, SourceError
-from .folder_dest import PARTIAL_PREFIX, Destination, dest_error, name_problem
+from .folder_dest import PARTIAL_PREFIX, RECORD, Destination, dest_error, name_problem
 from .layout import resolve_layout
 from .options import LoadKeywords, LoadOptions
+from .redact import redacting_logger
 from .sources.auto import source_for
 from .sources.base import Blob, Source
 from .tasks import gather
 from .threads import Lane, Lanes, run_blocking
 
-__all__ = ["PARTIAL_PREFIX", "WELL_KNOWN", "FolderCopy", "copy_folder"]
+__all__ = ["PARTIAL_PREFIX", "RECORD", "WELL_KNOWN", "FolderCopy", "copy_folder"]
 
+logger = redacting_logger(__name__)
 T = TypeVar("T")
 
 MAX_DEPTH = 32  # sub-folders below SRC: a listing that never ends is refused, not walked
@@ -281,7 +285,9 @@ async def copy_folder(
 
     Args:
         src: a folder, index or ``.safetensors`` URL (any scheme a load reads).
-        dest: the local folder; made if missing; files already there are replaced.
+        dest: the local folder; made if missing. A file already there under the name
+            of a file copied is replaced; the files an earlier fetch into ``dest`` wrote
+            that this one does not are removed (folder_dest.py); others stay.
         options, keywords: what a load takes; concurrency, chunk_size, memory_limit
             (reads in flight hold at most this many bytes), the http and s3 settings.
 
@@ -310,7 +316,7 @@ async def copy_folder(
                 copier = _Copier(source, target, partial, lane, limits.chunk_size, slots)
                 await gather(copier.copy(url, name) for url, name in copies)
                 names = [name for _, name in copies]
-                await run_blocking(lane, lambda: target.commit(partial, names))
+                strangers = await run_blocking(lane, lambda: target.commit(partial, names, src))
             finally:
                 await run_blocking(lane, lambda: shutil.rmtree(partial, ignore_errors=True))
         finally:
@@ -320,4 +326,10 @@ async def copy_folder(
             await source.aclose()
         finally:
             lanes.close()
+    for name in strangers:
+        logger.warning(
+            "%s: %s was not written by aioloader fetch and stays; a load of the folder may "
+            "read it with the files fetched: remove it, or fetch into an empty folder",
+            path, name,
+        )  # fmt: skip
     return FolderCopy(src, str(path), tuple(names), copier.bytes, time.perf_counter() - started)

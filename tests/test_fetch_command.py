@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 
 from aioloader import ConfigError, ObjectChangedError, ReadError, SourceError
-from aioloader.folder_copy import PARTIAL_PREFIX, copy_folder
+from aioloader.folder_copy import PARTIAL_PREFIX, RECORD, copy_folder
 
 from .helpers import random_tensors, some_big, write_sharded
 from .http_server import FaultyHttpServer
@@ -36,8 +35,11 @@ def _model(folder: Path, seed: int = 0) -> dict[str, bytes]:
 
 
 def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` but fetch's record of what it wrote."""
     return {
-        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file() and p != folder / RECORD
     }
 
 
@@ -198,9 +200,14 @@ def aioloader_errors() -> tuple[type[Exception], ...]:
     ],
 )
 async def test_bad_arguments(
-    tmp_path: Path, src: Any, dest: Any, keywords: dict[str, Any], match: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    src: Any,
+    dest: Any,
+    keywords: dict[str, Any],
+    match: str,
 ) -> None:
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)  # not os.chdir: later tests' commands run this checkout
     (tmp_path / "m").mkdir()
     with pytest.raises(ConfigError, match=match):
         await copy_folder(src, dest, **keywords)

@@ -1,10 +1,11 @@
-"""``aioloader fetch`` (folder_copy.py, folder_dest.py): sub-folders, names with ``#``
-and ``?``, and a DEST that cannot be written."""
+"""``aioloader fetch`` (folder_copy.py, folder_dest.py): sub-folders, names with ``#`` and
+``?``, a second version fetched into the same DEST, and a DEST that cannot be written."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -18,10 +19,10 @@ from xml.sax.saxutils import escape
 import pytest
 from safetensors.torch import save
 
-from aioloader import CacheError, SourceError
-from aioloader.folder_copy import PARTIAL_PREFIX, copy_folder
+from aioloader import CacheError, SourceError, load_model
+from aioloader.folder_copy import PARTIAL_PREFIX, RECORD, copy_folder
 
-from .helpers import random_tensors
+from .helpers import random_tensors, write_sharded
 from .http_server import FaultyHttpServer
 from .s3_server import MotoS3Server
 
@@ -35,8 +36,11 @@ SENTENCE = {
 
 
 def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` but fetch's record."""
     return {
-        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file() and p != folder / RECORD
     }
 
 
@@ -129,11 +133,7 @@ def test_gcs_folder_with_sub_folders(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def _azure_at(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
-    for name in (
-        "AZURE_STORAGE_SAS_TOKEN",
-        "AZURE_STORAGE_KEY",
-        "AZURE_STORAGE_ACCOUNT_KEY",
-    ):
+    for name in ("AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", f"AccountName=acct;BlobEndpoint={url}")
 
@@ -153,10 +153,7 @@ async def test_azure_listing_names_sub_folders(monkeypatch: pytest.MonkeyPatch) 
         lanes = Lanes(2)
         source = AzureSource(lanes)
         try:
-            assert await source.list_dir("az://box/llm/") == [
-                "1_Pooling/",
-                "config.json",
-            ]
+            assert await source.list_dir("az://box/llm/") == ["1_Pooling/", "config.json"]
         finally:
             await source.aclose()
             lanes.close()
@@ -214,12 +211,7 @@ async def test_a_link_to_a_folder_in_the_source_is_refused(tmp_path: Path) -> No
 
 
 async def test_hash_and_question_mark_in_hf_names(tmp_path: Path, hub: Any) -> None:
-    want = {
-        **_sentence_model(seed=3),
-        "a#b.txt": b"hash",
-        "c?d.txt": b"query",
-        "e%20f": b"pc",
-    }
+    want = {**_sentence_model(seed=3), "a#b.txt": b"hash", "c?d.txt": b"query", "e%20f": b"pc"}
     want["1_Pooling/g#h?.json"] = b"{}"
     hub.commit("org/odd-names", want)
     await copy_folder("hf://org/odd-names", tmp_path / "dest")
@@ -232,10 +224,7 @@ async def test_hash_and_question_mark_in_http_shard_names(
     tensors = random_tensors(seed=4, count=4)
     keys = sorted(tensors)
     weight_map = {}
-    for shard, part in (
-        ("model#1.safetensors", keys[:2]),
-        ("model?2.safetensors", keys[2:]),
-    ):
+    for shard, part in (("model#1.safetensors", keys[:2]), ("model?2.safetensors", keys[2:])):
         (http_server.root / shard).write_bytes(save({k: tensors[k] for k in part}))
         weight_map |= dict.fromkeys(part, shard)
     index = json.dumps({"weight_map": weight_map}).encode()
@@ -259,6 +248,94 @@ async def test_hf_index_and_single_file_urls(tmp_path: Path, hub: Any) -> None:
     assert _files(tmp_path / "a") == {**files, "config.json": b"{}"}
     await copy_folder("hf://org/indexed/model-1.safetensors", tmp_path / "b")
     assert _files(tmp_path / "b") == {"model-1.safetensors": shard, "config.json": b"{}"}
+
+
+# -- a second version into the same DEST (item 8) ---------------------------------------------
+
+
+def _sharded(folder: Path, seed: int, shards: int) -> dict[str, bytes]:
+    write_sharded(folder, random_tensors(seed=seed, count=9), shards=shards)
+    _write(folder, SENTENCE)
+    return _files(folder)
+
+
+async def _loaded(folder: Path) -> dict[str, Any]:
+    return await load_model(str(folder))
+
+
+@pytest.mark.parametrize(("old_shards", "new_shards"), [(3, 0), (3, 2), (2, 2), (0, 3)], ids=str)
+async def test_a_new_version_replaces_the_old_one(
+    tmp_path: Path, old_shards: int, new_shards: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch = pytest.importorskip("torch")
+
+    def version(name: str, seed: int, shards: int) -> dict[str, bytes]:
+        folder = tmp_path / name
+        if shards:
+            return _sharded(folder, seed, shards)
+        single = {"model.safetensors": save(random_tensors(seed=seed, count=9))}
+        _write(folder, {"config.json": b"{}", "single-file.txt": b"x", **single})
+        return _files(folder)
+
+    old, _ = version("v1", 10, old_shards), version("v2", 20, new_shards)
+    shutil.rmtree(tmp_path / "v2" / "1_Pooling", ignore_errors=True)  # the new one lacks it
+    new = _files(tmp_path / "v2")
+    dest = tmp_path / "dest"
+    await copy_folder(str(tmp_path / "v1"), dest)
+    assert _files(dest) == old
+    (dest / "notes.txt").write_text("the user's own")
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        await copy_folder(str(tmp_path / "v2"), dest)
+    assert _files(dest) == {**new, "notes.txt": b"the user's own"}
+    assert not (dest / "1_Pooling").exists()
+    assert json.loads((dest / RECORD).read_text())["files"] == sorted(new)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    got = await _loaded(dest)
+    want = await _loaded(tmp_path / "v2")
+    assert got.keys() == want.keys()
+    for key, tensor in want.items():
+        bits = [t.reshape(-1).view(torch.uint8) for t in (got[key], tensor)]
+        assert got[key].dtype == tensor.dtype and torch.equal(*bits), key
+
+
+async def test_weights_fetch_did_not_write_stay_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _write(tmp_path / "src", _sentence_model(seed=5))
+    stray = save(random_tensors(seed=6, count=2))
+    _write(tmp_path / "dest", {"old.safetensors": stray})
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        await copy_folder(str(tmp_path / "src"), tmp_path / "dest")
+    assert (tmp_path / "dest" / "old.safetensors").read_bytes() == stray
+    assert any("old.safetensors was not written by aioloader fetch" in m for m in caplog.messages)
+
+
+async def test_a_commit_killed_midway_is_finished_by_the_next_fetch(tmp_path: Path) -> None:
+    old = _sharded(tmp_path / "v1", seed=11, shards=3)
+    new = _sharded(tmp_path / "v2", seed=12, shards=2)
+    dest = tmp_path / "dest"
+    await copy_folder(str(tmp_path / "v1"), dest)
+    # What a fetch of v2 killed while committing leaves: the record names both versions,
+    # the old shards are partly removed, one new shard is in place, its partial folder.
+    record = json.loads((dest / RECORD).read_text())
+    record["files"] = sorted({*old, *new})
+    (dest / RECORD).write_text(json.dumps(record))
+    (dest / "model-00001-of-00003.safetensors").unlink()
+    shutil.copy(tmp_path / "v2" / "model-00002-of-00002.safetensors", dest)
+    (dest / (PARTIAL_PREFIX + "killed")).mkdir()
+    await copy_folder(str(tmp_path / "v2"), dest)
+    assert _files(dest) == new
+
+
+async def test_a_tampered_record_removes_nothing_outside(tmp_path: Path) -> None:
+    _write(tmp_path / "src", _sentence_model(seed=7))
+    (tmp_path / "victim").write_text("keep me")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / RECORD).write_text(json.dumps({"files": ["../victim", "config.json"]}))
+    await copy_folder(str(tmp_path / "src"), dest)
+    assert (tmp_path / "victim").read_text() == "keep me"
+    assert _files(dest) == _files(tmp_path / "src")
 
 
 # -- a DEST that cannot be written (item 14) ---------------------------------------------------
@@ -323,11 +400,7 @@ def test_file_size_limit_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
         f"sys.exit(main(['fetch', {str(tmp_path / 'src')!r}, {str(dest)!r}]))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
