@@ -15,6 +15,9 @@ ranges that were written journaled, reads them from the partial file instead of
 the remote, downloads the others and commits the entry. After a reboot the
 partial file is not trusted (its bytes may never have reached the disk) and is
 downloaded again: the same rule as for any interrupted download (see partial.py).
+A crash after the rename to ``data`` and before ``meta.json`` says complete leaves a
+file fsynced before its rename: the next load or fetch takes it back and checks it
+against its journal, on any boot (journal.py).
 
 The pool's threads are not daemon threads: a process that exits normally waits
 for its pending commits (Python joins them before it shuts down).

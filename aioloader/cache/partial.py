@@ -19,7 +19,8 @@ every such range as it goes, before the entry may become complete
 A resumed partial file serves nothing before each such range has been read back
 and found to hold the digest it arrived with (a range that does not is downloaded
 again): the tensor may have been changed by a load that was left early, or by a
-process killed before its commit.
+process killed before its commit. The journal, and what a resumed download trusts of
+it (also a ``data`` file a crash left before ``meta.json`` said complete), are journal.py's.
 """
 
 from __future__ import annotations
@@ -42,17 +43,8 @@ import xxhash
 from ..redact import redacting_logger
 from ..sources.base import clip
 from .checksum import DigestMismatch, PrefixHash, Published
-from .entry import (
-    BOOT_ID,
-    EntryFiles,
-    Meta,
-    Version,
-    fsync_dir,
-    read_meta,
-    regular_size,
-    replace_file,
-    write_meta,
-)
+from .entry import EntryFiles, Meta, Version, fsync_dir, read_meta, write_meta
+from .journal import Check, digest_of, proven, read_journal, resumable, rewrite_journal
 from .paths import open_file
 from .ranges import RangeSet
 
@@ -60,16 +52,12 @@ __all__ = ["PartialFile", "RangeMismatch", "range_digest"]
 
 logger = redacting_logger(__name__)
 
-_CHECK_BLOCK = 8 << 20  # bytes read at once when a resumed range is checked
 _ALIGNMENT = 4096  # what O_DIRECT asks of offsets, lengths and addresses on every disk we know
 _DIRECT_IO = sys.platform == "linux" and hasattr(os, "O_DIRECT")
 
 
 def _nothing() -> None:
     pass
-
-
-Check = tuple[int, int, str]  # a range written after hand-out, and its digest on arrival
 
 
 class RangeMismatch(Exception):
@@ -137,93 +125,13 @@ class _RangeChecks:
         with self._lock:
             bad, late = self._bad, list(self._late)
         for check in late:
-            if bad is None and _digest_of(fd, check[0], check[1]) != check[2]:
+            if bad is None and digest_of(fd, check[0], check[1]) != check[2]:
                 bad = check
         if bad is not None:
             raise RangeMismatch(
                 f"bytes [{bad[0]}, {bad[1]}) of {path} are not the bytes that arrived: "
                 "a tensor was changed in place before its bytes were written to the cache"
             )
-
-
-def _read_journal(path: Path, size: int) -> tuple[RangeSet, list[Check]]:
-    """The ranges written from memory nobody else held, and those written with a digest."""
-    plain = RangeSet()
-    checks: list[Check] = []
-    try:
-        fd = open_file(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return plain, checks
-    with open(fd, "rb") as fh:
-        text = fh.read().decode(errors="replace")
-    for line in text.splitlines():
-        parts = line.split()
-        # A torn last line (crash mid-append) is ignored: those bytes are fetched again.
-        if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[:2]):
-            continue
-        if len(parts) == 3 and len(parts[2]) != 16:
-            continue
-        start, end = int(parts[0]), int(parts[1])
-        if 0 <= start < end <= size:
-            if len(parts) == 3:
-                checks.append((start, end, parts[2]))
-            else:
-                plain.add(start, end)
-    return plain, checks
-
-
-def _digest_of(fd: int, start: int, end: int) -> str:
-    """``range_digest`` of bytes ``[start, end)`` of the file, as they are on disk."""
-    digest = xxhash.xxh3_64()
-    position = start
-    while position < end:
-        block = os.pread(fd, min(_CHECK_BLOCK, end - position), position)
-        if not block:
-            break  # shorter than the journal says: cannot match
-        digest.update(block)
-        position += len(block)
-    return digest.hexdigest()
-
-
-def _subtract(ranges: Sequence[tuple[int, int]], cuts: Sequence[tuple[int, int]]) -> RangeSet:
-    out = RangeSet()
-    for start, end in ranges:
-        pieces = [(start, end)]
-        for cut_start, cut_end in cuts:
-            pieces = [
-                piece
-                for low, high in pieces
-                for piece in ((low, min(high, cut_start)), (max(low, cut_end), high))
-                if piece[0] < piece[1]
-            ]
-        for low, high in pieces:
-            out.add(low, high)
-    return out
-
-
-def _proven(fd: int, plain: RangeSet, checks: Sequence[Check], where: Path) -> RangeSet:
-    """The ranges of a resumed partial file whose bytes are the remote's.
-
-    A range written with a digest was written from a tensor its caller held (write_after.py)
-    and may have been changed in place before it reached the disk, by a process that
-    may have died since: it is read back and kept only when its bytes still have the
-    digest taken when they arrived. Nothing is served from the file before this.
-    """
-    bad = [(start, end) for start, end, digest in checks if _digest_of(fd, start, end) != digest]
-    proven = RangeSet([*plain, *((start, end) for start, end, _ in checks)])
-    if not bad:
-        return proven
-    logger.warning(
-        "%s: %d ranges (%s) are not the bytes that arrived (a tensor was changed in place "
-        "before its bytes were written to the cache); they are downloaded again",
-        where, len(bad), ", ".join(f"[{start}, {end})" for start, end in bad[:4]),
-    )  # fmt: skip
-    return _subtract(list(proven), bad)
-
-
-def _rewrite_journal(files: EntryFiles, done: RangeSet) -> None:
-    """Replace the journal with ``done``'s ranges, proven: no digest left to check."""
-    replace_file(files.journal, "".join(f"{start} {end}\n" for start, end in done).encode())
 
 
 class PartialFile:
@@ -292,22 +200,16 @@ class PartialFile:
         """
         files.make()
         meta = read_meta(files)
-        resumable = (
-            meta is not None
-            and not meta.complete
-            and version.matches(meta)
-            and meta.boot_id == BOOT_ID
-            and regular_size(files.partial) == version.size
-        )
+        resume = resumable(files, meta, version)  # journal.py
         fd = journal = -1
         direct_fd = None
         try:
-            if resumable and meta is not None:
-                plain, arrived = _read_journal(files.journal, version.size)
+            if resume and meta is not None:
+                plain, arrived = read_journal(files.journal, version.size)
                 fd = open_file(files.partial, os.O_RDWR)
-                done = _proven(fd, plain, arrived, files.partial)
+                done = proven(fd, plain, arrived, files.partial)
                 if arrived:
-                    _rewrite_journal(files, done)
+                    rewrite_journal(files, done)
             else:
                 files.discard()
                 meta = Meta.new(url, version)
@@ -322,7 +224,7 @@ class PartialFile:
             for opened in (fd, journal):
                 if opened >= 0:
                     os.close(opened)
-            if not resumable:
+            if not resume:
                 files.discard()  # nothing half made stays behind
             raise
         return cls(files, meta, done, fd, journal, published, direct_fd)
