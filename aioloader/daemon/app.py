@@ -18,7 +18,9 @@ send no credentials and none of the three shows a secret: every URL is shown
 with its user info and query values redacted. The probes answer from memory
 (the registry, kept current by ``watch.py``): they never read the cache.
 Every error is JSON: ``{"error": <code>, "detail": <what to do>}``, a bad body
-included (400: not JSON, nested too deep, not an object; 413: too large).
+included (400: not JSON, nested too deep, not an object; 413: too large). A URL
+holding whitespace or a control character is refused (400), so that none reaches a
+log line or a request.
 """
 
 from __future__ import annotations
@@ -101,6 +103,14 @@ def check_url(url: object, allow: AllowList | None = None) -> str:
     url = url.strip()
     if len(url) > _MAX_URL:
         raise RequestError(400, "bad_url", f"the URL is longer than {_MAX_URL} characters")
+    bad = next((i for i, c in enumerate(url) if c.isspace() or not c.isprintable()), None)
+    if bad is not None:
+        raise RequestError(
+            400,
+            "bad_url",
+            f"the URL holds whitespace or a control character ({url[bad]!r} at position "
+            f"{bad}); percent-encode it (a newline is %0A, a space %20)",
+        )
     scheme = scheme_of(url)
     if scheme not in _SCHEMES:
         raise RequestError(

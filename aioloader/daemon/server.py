@@ -13,7 +13,9 @@ period. A second signal stops waiting and exits 1.
 
 Signal handlers are installed here only, and only from the main thread. While
 it serves, the redacting log filter also sits on the root logger's handlers, so
-that no record of any logger (aiohttp's included) prints a URL's secrets.
+that no record of any logger (aiohttp's included) prints a URL's secrets, and
+after it one that escapes control characters (logs.py), so that no text a
+client sent can forge a line of the log.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..errors import ConfigError, LoaderError, StartupError
 from ..redact import RedactingFilter, redacting_logger
 from ..threads import Lane, run_blocking
 from .config import DaemonConfig, config_from_args
+from .logs import EscapingFilter
 
 __all__ = ["EXIT_STARTUP", "Server", "serve_from_args"]
 
@@ -206,16 +209,19 @@ class Server:
 
 @contextlib.contextmanager
 def _redacted_handlers() -> Iterator[None]:
-    """The redacting filter on the root logger's handlers while the daemon serves."""
+    """The redacting, then the escaping filter on the root logger's handlers while the
+    daemon serves."""
     handlers = list(logging.getLogger().handlers)
-    log_filter = RedactingFilter()
+    filters = (RedactingFilter(), EscapingFilter())
     for handler in handlers:
-        handler.addFilter(log_filter)
+        for log_filter in filters:
+            handler.addFilter(log_filter)
     try:
         yield
     finally:
         for handler in handlers:
-            handler.removeFilter(log_filter)
+            for log_filter in filters:
+                handler.removeFilter(log_filter)
 
 
 def _open_cache(config: DaemonConfig) -> Any:
