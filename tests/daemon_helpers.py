@@ -28,6 +28,9 @@ _LIMITED = (
     "os.execv(sys.executable, [sys.executable, '-m', 'aioloader', *sys.argv[2:]])"
 )
 
+TOKEN = "9f2c4e71b8a35d06c1e7f4a29b83d5e0"
+"""A token the daemon accepts (32 hex digits, as `openssl rand -hex 16` makes)."""
+
 
 def free_port() -> int:
     with socket.socket() as sock:

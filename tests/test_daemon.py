@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from aioloader.cache.entry import EntryFiles, key_of, read_meta
 
-from .daemon_helpers import Daemon, final_files, running, single_file, write_model
+from .daemon_helpers import TOKEN, Daemon, final_files, running, single_file, write_model
 from .helpers import assert_matches_files
 from .servers import FaultyHttpServer, MotoS3Server
 
@@ -244,7 +244,7 @@ def test_sigterm_and_delete_with_downloads_in_flight(
 
 def test_bad_input(http_server: FaultyHttpServer, tmp_path: Path) -> None:
     allowed = http_server.url + "/allowed/"
-    with running(tmp_path / "cache", "--allow-prefix", allowed, token="s3cret") as daemon:
+    with running(tmp_path / "cache", "--allow-prefix", allowed, token=TOKEN) as daemon:
         # Probes and metrics are open; the API needs the token.
         assert daemon.get("/health", token="")[0] == 200
         assert daemon.get("/ready", token="")[0] == 200
@@ -302,7 +302,7 @@ def test_bad_input(http_server: FaultyHttpServer, tmp_path: Path) -> None:
         assert daemon.get("/v1/models")[1] == {"models": []}
         assert daemon.get("/health")[0] == 200
         assert daemon.stop() == 0
-    assert "s3cret" not in daemon.output()
+    assert TOKEN not in daemon.output()
 
 
 def test_full_disk_fails_the_model(http_server: FaultyHttpServer, tmp_path: Path) -> None:
@@ -361,7 +361,7 @@ def test_config_from_flags_and_environment(tmp_path: Path) -> None:
         "AIOLOADER_CACHE_DIR": str(tmp_path),
         "AIOLOADER_MAX_CACHE_BYTES": "2GiB",
         "AIOLOADER_MODELS": "s3://b/a/, s3://b/c/,,s3://b/a/",
-        "AIOLOADER_TOKEN": "t0ken",
+        "AIOLOADER_TOKEN": TOKEN,
         "AIOLOADER_ALLOW_PREFIXES": "s3://b/",
         "AIOLOADER_GRACE_PERIOD": "7.5",
     }
@@ -369,11 +369,12 @@ def test_config_from_flags_and_environment(tmp_path: Path) -> None:
     assert (config.host, config.port, config.cache_dir) == ("0.0.0.0", 9000, tmp_path)
     assert config.max_cache_bytes == 2 << 30 and config.grace_period == 7.5
     assert config.models == ("s3://b/a/", "s3://b/c/") and config.allow_prefixes == ("s3://b/",)
-    assert "t0ken" not in repr(config)
+    assert config.token == TOKEN and TOKEN not in repr(config)
     # A flag wins over its variable.
-    flags = parser.parse_args(["--port", "1234", "--model", "s3://x/y/", "--token", "other"])
+    other = TOKEN[::-1]
+    flags = parser.parse_args(["--port", "1234", "--model", "s3://x/y/", "--token", other])
     config = config_from_args(flags, env)
-    assert (config.port, config.models, config.token) == (1234, ("s3://x/y/",), "other")
+    assert (config.port, config.models, config.token) == (1234, ("s3://x/y/",), other)
     # Nothing set: the defaults, listening on loopback only.
     config = config_from_args(parser.parse_args([]), {"HOME": str(tmp_path)})
     assert (config.host, config.port, config.token) == ("127.0.0.1", 8790, None)

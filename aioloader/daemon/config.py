@@ -16,6 +16,7 @@ from ..config import MAX_SECONDS, check_number, parse_size
 from ..environment import warn_unknown_variables
 from ..errors import ConfigError
 from .allow import AllowList
+from .auth import read_token
 from .bandwidth import check_bandwidth
 from .priority import check_priority
 from .retry import DEFAULT_RETRY_BACKOFF, DEFAULT_RETRY_BACKOFF_MAX, Backoff
@@ -52,7 +53,8 @@ class DaemonConfig:
         max_cache_bytes: the cache's size limit (None: no limit).
         models: URLs to preload at startup and keep in the cache.
         priorities: (URL, priority) of the preloads whose priority is not 0.
-        token: the bearer token /v1/* requests must carry (None: no check).
+        token: the bearer token /v1/* requests must carry (None: no check; see auth.py).
+        no_auth: ``--no-auth``: no token, on purpose (the log then says so more quietly).
         allow_prefixes: URLs must lie under one of these, compared as parsed URLs
             segment by segment (empty: any URL); see allow.py.
         concurrency: reads in flight per download (None: the cache's default).
@@ -62,6 +64,7 @@ class DaemonConfig:
         grace_period: seconds from SIGTERM to exit.
         retry_backoff: seconds before a failed preload is tried again; doubles
             after each failure in a row (with jitter), up to ``retry_backoff_max``.
+        notes: warnings from reading the settings, for the log (never a secret).
     """
 
     host: str = DEFAULT_HOST
@@ -78,6 +81,8 @@ class DaemonConfig:
     grace_period: float = DEFAULT_GRACE_PERIOD
     retry_backoff: float = DEFAULT_RETRY_BACKOFF
     retry_backoff_max: float = DEFAULT_RETRY_BACKOFF_MAX
+    no_auth: bool = False
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_number("port", self.port, integer=True, maximum=65535)
@@ -118,7 +123,12 @@ _OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--port", "AIOLOADER_PORT", f"port to listen on (default {DEFAULT_PORT})"),
     ("--cache-dir", "AIOLOADER_CACHE_DIR", "cache folder (default ~/.cache/aioloader)"),
     ("--max-cache-bytes", "AIOLOADER_MAX_CACHE_BYTES", "cache size limit, e.g. 200GiB"),
-    ("--token", "AIOLOADER_TOKEN", "bearer token required on /v1/* (prefer the env var)"),
+    (
+        "--token",
+        "AIOLOADER_TOKEN",
+        "bearer token required on /v1/*, 16 characters or more, e.g. from `openssl rand -hex "
+        "32` (prefer the env var; surrounding whitespace is stripped)",
+    ),
     ("--concurrency", "AIOLOADER_CONCURRENCY", "reads in flight per download"),
     (
         "--max-downloads",
@@ -162,6 +172,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PREFIX",
         help="accept only URLs under a prefix, such as s3://bucket/models/ (repeatable) "
         "[AIOLOADER_ALLOW_PREFIXES, comma-separated]",
+    )
+    parser.add_argument(
+        "--no-auth",
+        action="store_true",
+        default=None,
+        help="serve /v1/* without a token, on purpose [AIOLOADER_NO_AUTH=1]",
     )
 
 
@@ -214,6 +230,15 @@ def parse_preload(value: str, what: str) -> tuple[str, int]:
     return url, priority
 
 
+def _flag(value: str | None, what: str) -> bool:
+    text = (value or "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{what} must be 1 or 0 (true or false), got {value!r:.40}")
+
+
 def config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] = os.environ
 ) -> DaemonConfig:
@@ -252,6 +277,11 @@ def config_from_args(
     backoff_max = _number(
         pick("retry_backoff_max", "AIOLOADER_RETRY_BACKOFF_MAX"), float, "retry backoff max"
     )
+    no_auth = bool(getattr(args, "no_auth", None)) or _flag(
+        environ.get("AIOLOADER_NO_AUTH"), "AIOLOADER_NO_AUTH"
+    )
+    token_where = "--token" if getattr(args, "token", None) is not None else "AIOLOADER_TOKEN"
+    token = read_token(pick("token", "AIOLOADER_TOKEN"), token_where, no_auth=no_auth)
     return DaemonConfig(
         host=pick("host", "AIOLOADER_HOST") or DEFAULT_HOST,
         port=int(port) if port is not None else DEFAULT_PORT,
@@ -259,7 +289,9 @@ def config_from_args(
         max_cache_bytes=parse_size(max_bytes, what="max cache bytes") if max_bytes else None,
         models=tuple(preloads),
         priorities=tuple((url, p) for url, p in preloads.items() if p),
-        token=pick("token", "AIOLOADER_TOKEN") or None,
+        token=token.value,
+        no_auth=no_auth,
+        notes=token.notes,
         allow_prefixes=tuple(prefixes),
         concurrency=int(concurrency) if concurrency is not None else None,
         max_downloads=int(downloads) if downloads is not None else DEFAULT_MAX_DOWNLOADS,

@@ -133,6 +133,20 @@ class Server:
         from .watch import CacheWatch
 
         config = self.config
+        for note in config.notes:
+            logger.warning("%s", note)
+        if config.token is None:
+            logger.log(
+                logging.INFO if config.no_auth else logging.WARNING,
+                "no token%s: /v1/* accepts any client that reaches %s:%s%s",
+                " (--no-auth)" if config.no_auth else "",
+                config.host,
+                config.port,
+                ""
+                if config.no_auth
+                else "; set AIOLOADER_TOKEN (`openssl rand -hex 32`), "
+                "or pass --no-auth to say this is intended",
+            )
         allow = AllowList(config.allow_prefixes)
         for url in config.models:
             try:
