@@ -22,7 +22,7 @@ from aioloader import ConfigError
 from aioloader.daemon.bandwidth import Bandwidth, TokenBucket
 from aioloader.daemon.priority import PriorityGate
 
-from .daemon_helpers import running, single_file
+from .daemon_helpers import running, single_file, write_model
 from .servers import FaultyHttpServer
 
 pytest.importorskip("prometheus_client")
@@ -71,7 +71,7 @@ def test_the_cap_holds_at_the_server(http_server: FaultyHttpServer, tmp_path: Pa
 
     moving = [(t, n) for t, n in sampler.samples if n > 0]
     first, last = moving[0], next(s for s in sampler.samples if s[1] >= size)
-    # 4 MiB at 1 MiB/s: the probe and a quarter second of burst come free, the rest paced.
+    # 4 MiB at 1 MiB/s: a quarter second of burst comes free, the rest (the probe too) paced.
     assert last[0] - first[0] >= 3.0, (first, last)
     # Over any span of a second or more, no more than the cap plus one burst and the probe.
     for i, (t0, n0) in enumerate(moving):
@@ -79,6 +79,32 @@ def test_the_cap_holds_at_the_server(http_server: FaultyHttpServer, tmp_path: Pa
             if t1 - t0 >= 1.0:
                 # (a read granted just before the span may still be on its way)
                 assert n1 - n0 <= MiB * (t1 - t0) * 1.05 + PROBE + MiB // 2 + 64 * 1024, (
+                    t0, t1, n1 - n0,
+                )  # fmt: skip
+
+
+def test_the_probes_are_paced_too(http_server: FaultyHttpServer, tmp_path: Path) -> None:
+    """Opening a file reads its first 256 KiB: a model of many shards must not send those
+    all at once, in a burst of a few MiB, before the cap applies to the ranges."""
+    _, shards = write_model(http_server.root / "many", shards=16, kib=320)
+    url = http_server.url_for("many/model.safetensors.index.json")
+    size = sum(p.stat().st_size for p in shards)
+    with (
+        running(tmp_path / "cache", "--max-bandwidth", "1MiB/s") as daemon,
+        _Sampler(http_server) as sampler,
+    ):
+        assert daemon.post({"url": url, "id": "many"})[0] == 202
+        record = daemon.wait_status("many", "ready", seconds=120)
+    links = sorted(Path(record["path"]).parent.glob("*.safetensors"))
+    assert [p.read_bytes() for p in links] == [p.read_bytes() for p in shards]
+    moving = [(t, n) for t, n in sampler.samples if n > 0]
+    assert moving[-1][1] >= size
+    # From the first byte on, over any span of half a second or more: the cap, one
+    # bucket (a quarter second of it), and one read granted just before the span.
+    for i, (t0, n0) in enumerate(moving):
+        for t1, n1 in moving[i + 1 :]:
+            if t1 - t0 >= 0.5:
+                assert n1 - n0 <= MiB * (t1 - t0) * 1.05 + MiB // 4 + PROBE + 64 * 1024, (
                     t0, t1, n1 - n0,
                 )  # fmt: skip
 

@@ -6,10 +6,10 @@ partial file that a thread opened after its caller was cancelled is closed
 again (``run_blocking``'s ``on_abandon``): a cancelled fetch (the daemon's
 DELETE, SIGTERM) leaves no lock held and no descriptor open.
 
-A fetch started while ``PACE`` holds a ``Pace`` (the daemon sets it in the task
-that fetches, around ``ModelCache.fetch``, whose fetch task inherits it) takes its
-bytes from it before each range read is issued, in reads of at most its
-``quantum``: that is how the daemon's bandwidth cap reaches the reads.
+A fetch started while ``PACE`` holds a ``Pace`` (pace.py: the daemon's bandwidth
+cap) cuts its range reads to the pace's ``quantum``; the HTTP sources take each
+request's bytes from it before sending the request, the probes that open the
+files included.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any
 
 from ..config import Limits
 from ..errors import CacheError, ConfigError
 from ..layout import resolve_layout
 from ..options import LoadOptions
+from ..pace import PACE, Pace
 from ..redact import redacting_logger
 from ..sources.auto import scheme_of, source_for
 from ..sources.base import Blob, Source, aclose_all
@@ -46,18 +46,6 @@ logger = redacting_logger(__name__)
 Progress = Callable[[int, int], None]
 
 REMOTE_SCHEMES = frozenset({"http", "https", "s3", "gs", "az", "hf"})
-
-
-class Pace(Protocol):
-    """Paces the range reads of a fetch (the daemon's bandwidth cap)."""
-
-    quantum: int  # the largest read to issue at once
-
-    async def take(self, nbytes: int) -> None:
-        """Return when ``nbytes`` more may be requested."""
-
-
-PACE: ContextVar[Pace | None] = ContextVar("aioloader_fetch_pace", default=None)
 
 
 def version_of(blob: Blob) -> Version:
@@ -102,10 +90,10 @@ class Fetcher:
         self.exclude = exclude  # the entries of this fetch: never evicted to make room
         self.source = source
         self.executor = executor
-        self.pace = PACE.get()
+        pace = PACE.get()
         self.piece = limits.chunk_size
-        if self.pace is not None:
-            self.piece = min(self.piece, self.pace.quantum)
+        if pace is not None:
+            self.piece = min(self.piece, pace.quantum)  # the source takes from it
         self.limiter = asyncio.Semaphore(limits.concurrency)
         self.meter = meter
         self.free: list[bytearray] = []
@@ -251,8 +239,6 @@ class Fetcher:
 
     async def _copy(self, blob: Blob, partial: PartialFile, start: int, end: int) -> None:
         async with self.limiter:
-            if self.pace is not None:
-                await self.pace.take(end - start)
             buffer = self.free.pop() if self.free else bytearray(self.piece)
             try:
                 view = memoryview(buffer)[: end - start]

@@ -3,8 +3,10 @@
 A preload must not starve the serving traffic that shares the node's network
 card, so every download of one daemon draws from one bucket that refills at the
 cap and holds a quarter of a second of it. A download takes its bytes from the
-bucket *before* each range read is issued (see ``cache/fetch.py``), and reads are
-cut to at most that quarter second (``quantum``). Taking before the read, rather
+bucket *before* each request that brings bytes over the network is sent, the probe
+that opens a file (its first 256 KiB) included (see ``aioloader/pace.py``), and
+range reads are cut to at most that quarter second (``quantum``), so nothing goes
+out beyond the bucket's quarter second at the start. Taking before the read, rather
 than as bytes arrive, is what keeps the cap on the wire: a reader that slows
 down its consumption does not slow the sender until the kernel's receive
 buffers are full, and a transfer held back mid-body would trip the transport's
@@ -150,7 +152,7 @@ class Bandwidth:
         return BandwidthStatistics(self.rate, self._throttled, self._waited, len(self._waiters))
 
     def paced(self, priority: Priority) -> PacedFetch:
-        """What one download's reads take their bytes through (``cache.fetch.PACE``)."""
+        """What one download's requests take their bytes through (``aioloader.pace.PACE``)."""
         return PacedFetch(self, priority)
 
     async def take(self, nbytes: int, priority: Priority = lambda: 0) -> None:

@@ -33,9 +33,9 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ..cache.fetch import PACE
 from ..config import HttpOptions
 from ..errors import ClosedError
+from ..pace import PACE
 from ..redact import redacting_logger
 from .allow import AllowList
 from .bandwidth import Bandwidth

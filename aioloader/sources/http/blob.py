@@ -13,6 +13,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from ...errors import ClosedError
+from ...pace import take
 from ...prefault import populate
 from ...threads import run_blocking
 from ..base import Blob, clip
@@ -100,6 +101,7 @@ class HttpBlob(Blob):
         if end <= len(self._head):
             filler.write(self._head[offset:end])
             return
+        await take(filler.total)  # a paced fetch's bytes (pace.py): before the request
 
         def progress() -> int:
             return filler.written

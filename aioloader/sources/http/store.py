@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 from ...config import HttpOptions
 from ...errors import NotFoundError
+from ...pace import take
 from ...redact import redacting_logger
 from ...threads import Lanes
 from ...throttle import LimiterStatistics
@@ -62,6 +63,7 @@ class HttpStore:
     async def _probe(self, url: str, fetch_url: str) -> HttpBlob:
         transport = self.transport
         headers = {"Range": f"bytes=0-{PROBE_SIZE - 1}"}
+        await take(PROBE_SIZE)  # a paced fetch's probes count too (pace.py)
         try:
             response = await transport.get(url, fetch_url, headers)
             async with response:
