@@ -201,8 +201,11 @@ def test_eviction_under_small_cache(http_server: FaultyHttpServer, tmp_path: Pat
         assert daemon.post({"url": url_b, "id": "b"})[0] == 202
         daemon.wait_status("b", "ready")
         assert daemon.model("a")["status"] == "evicted"
+        # Models added through the API never hold the node's readiness: listed, not missing.
         status, body = daemon.get("/ready")
-        assert status == 503 and [m["id"] for m in body["missing"]] == ["a"]
+        assert status == 200 and body["missing"] == [], body
+        assert [m["id"] for m in body["pending"]] == ["a"]
+        assert daemon.get("/ready?model=a")[0] == 503
         assert daemon.get("/ready?model=b")[0] == 200
         assert daemon.metrics()["aioloader_daemon_cache_evictions_total"] >= 1
         # Asking again brings it back (and pushes b out).
@@ -289,8 +292,9 @@ def test_bad_input(http_server: FaultyHttpServer, tmp_path: Path) -> None:
         assert record["error_kind"] == "NotFoundError" and "missing.safetensors" in record["error"]
         refused(409, "conflict", body={"url": allowed + "other.safetensors", "id": "gone"})
         status, body = daemon.get("/ready")
-        assert status == 503 and body["missing"][0]["error"]
-        assert daemon.metrics()["aioloader_daemon_errors_total{kind=NotFoundError}"] == 1
+        assert status == 200 and body["pending"][0]["error"]  # no preload: the node is ready
+        assert daemon.get("/ready?model=gone")[0] == 503
+        assert daemon.metrics()["aioloader_daemon_errors_total{kind=NotFoundError}"] >= 1
 
         assert daemon.get("/v1/models/nope")[0] == 404
         assert daemon.get("/ready?model=nope")[0] == 404
@@ -397,7 +401,15 @@ def test_model_ids_and_displayed_urls() -> None:
     assert registry.add("s3://b/m/") is first and registry.find("s3://b/m/") is first
     with pytest.raises(KeyError):
         registry.add("s3://b/other/", first.id)
-    assert registry.readiness()[0] is False
+    # The node's readiness is its preloads'; a model added through the API is pending.
+    ready, body = registry.readiness()
+    assert (
+        ready is True and body["models"] == 0 and [m["id"] for m in body["pending"]] == [first.id]
+    )
+    preload = registry.add("s3://b/kept/", preload=True)
+    ready, body = registry.readiness()
+    assert ready is False and [m["id"] for m in body["missing"]] == [preload.id]
+    assert registry.readiness([first])[0] is False
 
 
 def test_bit_rot_in_the_cache_is_downloaded_again(

@@ -1,4 +1,4 @@
-"""A failed preload is tried again until it is cached: /ready goes 503 -> 200 without a restart.
+"""A failed model is tried again until it is cached: /ready goes 503 -> 200 without a restart.
 
 The real ``aioloader serve`` against the fault-injecting HTTP server, with small
 backoff delays (``--retry-backoff``) so the tries come quickly. The upstream
@@ -103,15 +103,23 @@ def test_posting_a_failed_preload_tries_it_now(
         assert daemon.stop(seconds=15) == 0  # no retry left behind to wait for
 
 
-def test_a_posted_model_fails_once(http_server: FaultyHttpServer, tmp_path: Path) -> None:
-    """Only preloads are retried: an API client hears of its failure and decides."""
+def test_a_posted_model_is_retried_until_ready(
+    http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """A model added through the API is retried like a preload: an upstream blip does
+    not leave it failed until a client posts it again."""
+    src = single_file(http_server.root / "m.safetensors", kib=64)
+    http_server.status("m.safetensors", 404, count=3)  # three tries fail, then it is there
     with running(tmp_path / "cache", *FAST) as daemon:
-        body = {"url": http_server.url_for("missing.safetensors"), "id": "gone"}
+        body = {"url": http_server.url_for("m.safetensors"), "id": "posted"}
         assert daemon.post(body)[0] == 202
-        record = daemon.wait_status("gone", "failed")
-        assert record["failures"] == 1 and record["next_try"] is None
-        assert "POST its URL" in daemon.get("/ready")[1]["missing"][0]["reason"]
+        record = daemon.wait_status("posted", "ready")
+        assert record["failures"] == 0 and record["error"] is None
+        assert record["bytes_total"] == src.stat().st_size
+        assert Path(record["path"]).read_bytes() == src.read_bytes()
+        assert daemon.metrics()["aioloader_daemon_errors_total{kind=NotFoundError}"] == 3
         assert daemon.stop() == 0
+    assert len(http_server.gets("m.safetensors")) >= 4
 
 
 def test_backoff_doubles_with_jitter_up_to_the_cap() -> None:

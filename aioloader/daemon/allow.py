@@ -18,9 +18,14 @@ revision and path segments. ``hf://org/`` allows every repository of ``org``;
 repository, never a prefix of ``hf://org/name``); ``hf://org/name@v1`` only the
 revision ``v1``, as written. A load reads a branch's or tag's files at the commit
 it resolved to, so ``for_fetch`` lets one fetch read its own repository at a
-commit sha where the revision it asked for is allowed. The Hub's storage host,
-which its ``resolve`` URLs redirect to, is a redirect target like any other: it
-must be inside a prefix too (``https://cdn-lfs.hf.co/``, say).
+commit sha where the revision it asked for is allowed. An allowed ``hf://`` model
+is fetched from wherever the Hub serves it: its ``resolve`` URLs redirect to a
+storage host (``cdn-lfs.hf.co``, ``cas-bridge.xethub.hf.co``, a mirror's own),
+and ``for_fetch`` lets the fetch follow them. Every request of an ``hf://``
+fetch goes to the Hub's endpoint (``HF_ENDPOINT``, the operator's setting, never
+a client's) or to where the Hub redirects it, so the Hub, which the prefix
+trusts, names those hosts; each target must still be a safe ``http(s)`` URL
+(below).
 
 Refused outright, whatever the prefixes: user info (``https://allowed@other/``),
 ``.`` and ``..`` segments, written or encoded (``%2e%2e``), encoded slashes and
@@ -258,15 +263,19 @@ class AllowList:
         """The policy of one fetch of ``asked``, a URL this list allows.
 
         It is this list, and for an hf:// model it also lets the fetch read its own
-        repository at a commit sha wherever the revision it asked for is allowed:
-        the source reads a branch's or tag's files at the commit it resolved to.
+        repository at a commit sha wherever the revision it asked for is allowed
+        (the source reads a branch's or tag's files at the commit it resolved to),
+        and follow the Hub's redirects to its storage host (see the module docstring).
         """
         if not self.prefixes or not _is_hf(asked):
             return self.check
         origin = parse_hf_url(asked)
 
         def check(url: str) -> None:
-            if _is_hf(url) and self.refusal(url) is not None:
+            if not _is_hf(url):
+                _check_hub_redirect(url)
+                return
+            if self.refusal(url) is not None:
                 try:
                     location = parse_hf_url(url)
                 except ConfigError:
@@ -281,3 +290,22 @@ class AllowList:
             self.check(url)
 
         return check
+
+
+def _check_hub_redirect(url: str) -> None:
+    """Return if ``url``, where the Hub redirected an allowed hf:// fetch, is a safe
+    http(s) URL (no user info, dot segments, encoded separators, control characters).
+
+    Raises:
+        UrlNotAllowedError: it is not.
+    """
+    try:
+        location = parse_location(url)
+    except UnsafeUrlError as exc:
+        raise UrlNotAllowedError(
+            f"{url}, where the Hub redirected, may not be fetched: {exc}"
+        ) from None
+    if location.scheme not in _DEFAULT_PORTS:
+        raise UrlNotAllowedError(
+            f"{url}, where the Hub redirected, may not be fetched: not an http(s) URL"
+        )

@@ -3,8 +3,10 @@
 Routes::
 
     GET    /health             200 while the process lives (liveness, startup probe)
-    GET    /ready[?model=X]    200 when every model (or X) is in the cache, else 503
-                               naming each missing one: why, and when its next try is
+    GET    /ready[?model=X]    200 when every preload (or X) is in the cache, else 503
+                               naming each missing one: why, and when its next try is;
+                               models added through the API show under "pending"
+                               but never hold the node's readiness (see state.py)
     GET    /metrics            Prometheus text
     GET    /v1/models          every model with its status and progress
     POST   /v1/models          {"url": ..., "id": optional, "priority": optional}

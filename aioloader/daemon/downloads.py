@@ -6,11 +6,17 @@ down with it. Closing the supervisor cancels what still runs and waits for it:
 the cache keeps a cancelled download's bytes under a temporary name, to be
 resumed by the next fetch of the same URL.
 
-A failed preload (a model of ``--model``) is tried again, after the delays of a
-``Backoff`` (retry.py), until it succeeds, the model is deleted (which cancels
-its task, waiting or not) or the daemon stops. Its task stays in place between
-tries, so there is one task per model at most; posting its URL again starts the
-next try at once. A model posted through the API fails once: its client decides.
+A failed model, a preload (``--model``) or one added through the API, is tried
+again after the delays of a ``Backoff`` (retry.py), until it succeeds, the model
+is deleted (which cancels its task, waiting or not) or the daemon stops. Its task
+stays in place between tries, so there is one task per model at most; posting
+its URL again starts the next try at once.
+
+A preload is kept: once cached, its entries are pinned against eviction
+(pins.py), and if its files leave the cache all the same (``CacheWatch`` sees
+them gone) it is fetched again. A model added through the API is not pinned:
+the cache's size limit may evict it for another, and posting it again brings it
+back.
 
 Every fetch runs with the daemon's ``HttpOptions`` and, given an allow-list, its
 policy for that fetch (``AllowList.for_fetch``) as ``url_policy``, called on each
@@ -34,12 +40,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..config import HttpOptions
-from ..errors import ClosedError
+from ..errors import CacheError, ClosedError
 from ..pace import PACE
 from ..redact import redacting_logger
 from .allow import AllowList
 from .bandwidth import Bandwidth
 from .metrics import Metrics
+from .pins import Pins
 from .priority import PriorityGate
 from .retry import Backoff
 from .state import ModelRecord, Registry, display_url
@@ -73,8 +80,9 @@ class Downloads:
         allow: the URLs a fetch may request (None or empty: any).
         after_fetch: awaited after each fetch that reached the cache, before its
             model is marked ready (the fetch may have evicted other models' files).
-        backoff: delays between the tries of a failed preload (None: no retries).
+        backoff: delays between the tries of a failed model (None: no retries).
         bandwidth: the cap all fetches share (None: no cap).
+        pins: where preloads are held against eviction once cached (None: not held).
 
     Use as ``async with Downloads(...) as downloads:`` inside the server's task.
     """
@@ -92,8 +100,10 @@ class Downloads:
         after_fetch: Callable[[], Awaitable[None]] | None = None,
         backoff: Backoff | None = None,
         bandwidth: Bandwidth | None = None,
+        pins: Pins | None = None,
     ) -> None:
         self._cache = cache
+        self._pins = pins
         self._registry = registry
         self._metrics = metrics
         self._concurrency = concurrency
@@ -101,7 +111,7 @@ class Downloads:
         self._allow = allow
         self._after_fetch = after_fetch
         self._backoff = backoff
-        self._wake: dict[str, asyncio.Event] = {}  # preloads waiting for their next try
+        self._wake: dict[str, asyncio.Event] = {}  # failed models waiting for their next try
         self._bandwidth = bandwidth
         self._slots = PriorityGate(max_downloads)
         self._group = asyncio.TaskGroup()
@@ -156,7 +166,7 @@ class Downloads:
         if record.status == "ready":
             return False
         waiting = self._wake.get(record.id)
-        if waiting is not None:  # a failed preload between tries: try now
+        if waiting is not None:  # a failed model between tries: try now
             waiting.set()
             return True
         if record.id in self._tasks:
@@ -182,12 +192,26 @@ class Downloads:
         return sorted(self._tasks)
 
     async def cancel(self, model_id: str) -> None:
-        """Cancel the download of ``model_id`` (if any) and wait until it stopped."""
+        """Cancel the download of ``model_id`` (if any), wait until it stopped, and let
+        go of its entries (a pinned preload's), so that they can be removed."""
         task = self._tasks.get(model_id)
-        if task is None:
-            return
-        task.cancel()
-        await asyncio.wait([task])
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+        if self._pins is not None:
+            self._pins.unpin(model_id)
+
+    def refetch(self, record: ModelRecord) -> None:
+        """``record``'s files left the cache (``CacheWatch``): fetch a preload again."""
+        if self._pins is not None:
+            self._pins.unpin(record.id)
+        if record.preload and self.accepting:
+            logger.warning(
+                "%s (%s): a preload's files left the cache; fetching it again",
+                display_url(record.url),
+                record.id,
+            )
+            self.submit(record)
 
     async def _fetch(self, record: ModelRecord) -> None:
         try:
@@ -195,18 +219,18 @@ class Downloads:
                 async with self._slots.slot(lambda: record.priority):
                     if await self._fetch_now(record):
                         return
-                if self._backoff is None or not record.preload or self._closed:
+                if self._backoff is None or self._closed:
                     return
                 await self._wait_to_retry(record, self._backoff)
         finally:
             self._tasks.pop(record.id, None)
 
     async def _wait_to_retry(self, record: ModelRecord, backoff: Backoff) -> None:
-        """Sleep until the failed preload's next try (or a POST of its URL)."""
+        """Sleep until the failed model's next try (or a POST of its URL)."""
         delay = backoff.delay(record.failures)
         record.retry_in(delay)
         logger.warning(
-            "%s (%s): preload failed %d time(s) in a row; next try in %.1f s",
+            "%s (%s): failed %d time(s) in a row; next try in %.1f s",
             display_url(record.url),
             record.id,
             record.failures,
@@ -247,6 +271,8 @@ class Downloads:
             if self._concurrency is not None:
                 kwargs["concurrency"] = self._concurrency
             logger.info("fetching %s (%s)", display_url(record.url), record.id)
+            if self._pins is not None:
+                self._pins.unpin(record.id)  # a new version may replace its files
             cached = await self._cache.fetch(record.url, **kwargs)
             if cached.hit and not await self._verify(cached):
                 # Bit rot in an entry found in the cache: it was removed; fetch it again.
@@ -256,6 +282,8 @@ class Downloads:
                     record.id,
                 )
                 cached = await self._cache.fetch(record.url, **kwargs)
+            if record.preload and self._pins is not None:
+                cached = await self._pin(record, cached, kwargs)
             if self._after_fetch is not None:
                 await self._after_fetch()
         except asyncio.CancelledError:
@@ -289,6 +317,26 @@ class Downloads:
             PACE.reset(pace_token)
             metrics.in_flight.dec()
             metrics.load_seconds.labels(outcome=outcome).observe(time.monotonic() - started)
+
+    async def _pin(
+        self, record: ModelRecord, cached: CachedModel, kwargs: dict[str, Any]
+    ) -> CachedModel:
+        """Hold the preload's entries against eviction; fetch again if another fetch
+        evicted one between this fetch's end and the pin. Returns the model as pinned.
+
+        Raises:
+            CacheError: evicted again at once (the cache is far too small).
+        """
+        assert self._pins is not None
+        if await self._pins.pin(record.id, list(cached.files)):
+            return cached
+        cached = await self._cache.fetch(record.url, **kwargs)
+        if not await self._pins.pin(record.id, list(cached.files)):
+            raise CacheError(
+                f"{display_url(record.url)} was evicted from the cache as soon as it was "
+                "fetched, twice; raise --max-cache-bytes so that the preloads fit"
+            )
+        return cached
 
     async def _verify(self, cached: CachedModel) -> bool:
         """Whether every file of a model found in the cache still hashes to the checksum

@@ -2,9 +2,10 @@
 
 Startup: check that the cache folder is writable (else exit 2), listen, then
 queue the preloads, so /health answers at once and /ready turns 200 when they
-are cached. A preload that fails is tried again with capped exponential backoff
-(``--retry-backoff``, ``--retry-backoff-max``) until it is cached or deleted;
-/ready names it meanwhile, with the error and the time of the next try.
+are cached. A model that fails (a preload, or one added through the API) is tried
+again with capped exponential backoff (``--retry-backoff``, ``--retry-backoff-max``)
+until it is cached or deleted; /ready names it meanwhile, with the error and the
+time of the next try. A cached preload is held against eviction (pins.py).
 Shutdown, on SIGTERM or SIGINT: /ready answers 503 and new work is
 refused, the listener closes, downloads are cancelled (the cache keeps their
 bytes under temporary names, so a restart resumes them and no partial file
@@ -129,6 +130,7 @@ class Server:
         from .bandwidth import Bandwidth
         from .downloads import Downloads
         from .metrics import Metrics
+        from .pins import Pins
         from .state import Registry, display_url
         from .watch import CacheWatch
 
@@ -160,6 +162,7 @@ class Server:
         metrics = Metrics(getattr(cache, "statistics", None), bandwidth)
         registry = Registry()
         async with (
+            Pins(cache) as pins,
             CacheWatch(cache, registry, metrics) as watch,
             Downloads(
                 cache,
@@ -171,8 +174,10 @@ class Server:
                 after_fetch=watch.refresh,
                 backoff=config.backoff,
                 bandwidth=bandwidth,
+                pins=pins,
             ) as downloads,
         ):
+            watch.on_evicted = downloads.refetch
             state = DaemonState(
                 cache=cache,
                 registry=registry,

@@ -3,10 +3,15 @@
 A model moves ``queued -> downloading -> ready`` or ``-> failed``; a ready model
 whose files the cache evicted (to make room for another under its size limit) is
 ``evicted``. Posting its URL again queues a new download of a failed or evicted
-model. A failed preload stays ``failed`` between its tries (see retry.py), with
+model. A failed model stays ``failed`` between its tries (see retry.py), with
 the last error, how many tries failed and when the next one is. Every change
 happens in one synchronous call, so a cancelled request or download can never
 leave a record half updated.
+
+The node's readiness (``readiness()`` without records, ``GET /ready``) is that of
+its preloads, the models it was started to keep: a model a client added through
+the API is listed as ``pending`` until it is ready, but never takes the node out
+of its Service, where its pods could no longer reach the daemon at all.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 _READY_FIELDS = (
     "id", "url", "status", "bytes_done", "bytes_total", "progress", "error", "error_kind",
-    "failures", "next_try", "next_try_in", "priority",
+    "failures", "next_try", "next_try_in", "priority", "preload",
 )  # fmt: skip
 _MODEL_FILES = (".safetensors.index.json", ".safetensors")
 
@@ -108,6 +113,8 @@ class ModelRecord:
                 return f"{why}; POST its URL to /v1/models to try again"
             return f"{why}; next try in {max(0.0, self.next_try - time.time()):.1f} s"
         if self.status == "evicted":
+            if self.preload:
+                return "its files left the cache; fetching it again"
             return "evicted from the cache; POST its URL to /v1/models to fetch it again"
         if self.status == "downloading" and self.failures:
             return f"downloading, try {self.failures + 1} (the last failed: {self.error})"
@@ -208,16 +215,23 @@ class Registry:
         return list(self._by_id.values())
 
     def readiness(self, records: list[ModelRecord] | None = None) -> tuple[bool, dict[str, Any]]:
-        """Whether every model (or the given ones) is ready, and what is missing."""
-        chosen = self.all() if records is None else records
-        missing = [r for r in chosen if r.status != "ready"]
+        """Whether every preload (or every given model) is ready, and what is missing;
+        models added through the API that are not ready yet are listed as ``pending``."""
+        added: list[ModelRecord] = []
+        if records is None:
+            records = [r for r in self.all() if r.preload]
+            added = [r for r in self.all() if not r.preload and r.status != "ready"]
+        missing = [r for r in records if r.status != "ready"]
         body: dict[str, Any] = {
             "ready": not missing,
-            "models": len(chosen),
-            "models_ready": len(chosen) - len(missing),
-            "missing": [
-                {**{k: r.as_dict()[k] for k in _READY_FIELDS}, "reason": r.reason()}
-                for r in missing
-            ],
+            "models": len(records),
+            "models_ready": len(records) - len(missing),
+            "missing": [_unready(r) for r in missing],
+            "pending": [_unready(r) for r in added],
         }
         return not missing, body
+
+
+def _unready(record: ModelRecord) -> dict[str, Any]:
+    shown = record.as_dict()
+    return {**{k: shown[k] for k in _READY_FIELDS}, "reason": record.reason()}

@@ -12,13 +12,15 @@ the registry is checked against the disk:
 
 A check looks at the files of the ready models only (one ``stat`` each, in a
 worker thread), never at every entry of the cache: its cost follows the models
-the daemon holds, not the size of the cache.
+the daemon holds, not the size of the cache. Each model found evicted is handed
+to ``on_evicted`` (the downloads fetch a preload again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -62,6 +64,7 @@ class CacheWatch:
         self._task: asyncio.Task[None] | None = None
         self._lane = Lane("watch", 1)
         self.checks = 0
+        self.on_evicted: Callable[[ModelRecord], None] | None = None
 
     def __repr__(self) -> str:
         return f"<CacheWatch interval={self._interval} checks={self.checks}>"
@@ -110,6 +113,8 @@ class CacheWatch:
             record.status = "evicted"
             self._metrics.evicted()
             logger.info("%s (%s) was evicted from the cache", display_url(record.url), record.id)
+            if self.on_evicted is not None:
+                self.on_evicted(record)
 
     def _missing(self, urls: list[str]) -> set[str]:
         """The files whose data is no longer in the cache (blocking: runs in a thread)."""
