@@ -20,12 +20,15 @@ import torch
 
 from .helpers import write_file
 
-# Lets the daemon run with a file size limit (a "full disk" for files above it): the
-# wrapper ignores SIGXFSZ, which exec keeps, so a write past the limit fails with EFBIG.
+# Lets the daemon run under resource limits: a file size limit (a "full disk" for files
+# above it; the wrapper ignores SIGXFSZ, which exec keeps, so a write past the limit fails
+# with EFBIG) and an open-file limit (soft, hard). -1 leaves a limit as it is.
 _LIMITED = (
     "import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-    "n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
-    "os.execv(sys.executable, [sys.executable, '-m', 'aioloader', *sys.argv[2:]])"
+    "n, soft, hard = (int(a) for a in sys.argv[1:4]); "
+    "n < 0 or resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
+    "soft < 0 or resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'aioloader', *sys.argv[4:]])"
 )
 
 TOKEN = "9f2c4e71b8a35d06c1e7f4a29b83d5e0"
@@ -67,12 +70,14 @@ class Daemon:
         *args: str,
         token: str | None = None,
         fsize_limit: int | None = None,
+        open_files: tuple[int, int] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         self.cache_dir = cache_dir
         self.args = list(args)
         self.token = token
         self.fsize_limit = fsize_limit
+        self.open_files = open_files
         self.env = env
         self.port = free_port()
         self.log = cache_dir.parent / f"daemon-{self.port}.log"
@@ -84,8 +89,10 @@ class Daemon:
 
     def command(self) -> list[str]:
         serve = ["serve", "--port", str(self.port), "--cache-dir", str(self.cache_dir)]
-        if self.fsize_limit is not None:
-            return [sys.executable, "-c", _LIMITED, str(self.fsize_limit), *serve, *self.args]
+        if self.fsize_limit is not None or self.open_files is not None:
+            soft, hard = self.open_files or (-1, -1)
+            limits = [str(self.fsize_limit or -1), str(soft), str(hard)]
+            return [sys.executable, "-c", _LIMITED, *limits, *serve, *self.args]
         return [sys.executable, "-m", "aioloader", *serve, *self.args]
 
     def start(self, wait: bool = True) -> Daemon:

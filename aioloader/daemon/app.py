@@ -20,13 +20,14 @@ send no credentials and none of the three shows a secret: every URL is shown
 with its user info and query values redacted. The probes answer from memory
 (the registry, kept current by ``watch.py``): they never read the cache.
 Every error is JSON: ``{"error": <code>, "detail": <what to do>}``, a bad body
-included (400: not JSON, nested too deep, not an object; 413: too large). A URL
-holding whitespace or a control character is refused (400), so that none reaches a
-log line or a request.
+included (400: not JSON, nested too deep, not an object; 413: too large; 408: not
+sent within ``--client-timeout``). A URL holding whitespace or a control character
+is refused (400), so that none reaches a log line or a request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import Awaitable, Callable
@@ -48,6 +49,8 @@ from .state import ID_PATTERN, ModelRecord, Registry, display_url
 from .watch import CacheWatch
 
 if TYPE_CHECKING:
+    from aiohttp.typedefs import Middleware
+
     from ..cache import ModelCache
 
 __all__ = ["DaemonState", "RequestError", "check_url", "make_app"]
@@ -73,6 +76,7 @@ class DaemonState:
     watch: CacheWatch
     token: str | None = None
     allow: AllowList = field(default_factory=AllowList)
+    client_timeout: float = 10.0  # seconds to send a request's body
     stopping: bool = False
 
 
@@ -236,8 +240,16 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
+    timeout = request.app[STATE].client_timeout
     try:
-        raw = await request.read()
+        async with asyncio.timeout(timeout):
+            raw = await request.read()
+    except TimeoutError:
+        raise RequestError(
+            408,
+            "body_timeout",
+            f"the body did not arrive within {timeout:g} s (--client-timeout); send it whole",
+        ) from None
     except web.HTTPRequestEntityTooLarge:
         raise RequestError(
             413,
@@ -325,9 +337,10 @@ async def delete_model(request: web.Request) -> web.Response:
     return web.json_response({"id": record.id, "deleted": True})
 
 
-def make_app(state: DaemonState) -> web.Application:
-    """The aiohttp application serving ``state``."""
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=MAX_BODY)
+def make_app(state: DaemonState, *outer: Middleware) -> web.Application:
+    """The aiohttp application serving ``state``; ``outer`` middlewares run first (the
+    connection guard's, connections.py)."""
+    app = web.Application(middlewares=[*outer, _errors, _auth], client_max_size=MAX_BODY)
     app[STATE] = state
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)

@@ -35,6 +35,10 @@ DEFAULT_PORT = 8790
 # Kubernetes waits 30 s (terminationGracePeriodSeconds) before SIGKILL; stay under it.
 DEFAULT_GRACE_PERIOD = 25.0
 DEFAULT_MAX_DOWNLOADS = 2
+# Client connections held at once (probes, scrapers and a node's pods); see connections.py.
+DEFAULT_MAX_CONNECTIONS = 1000
+# Seconds a client has to send a request's headers, and again its body.
+DEFAULT_CLIENT_TIMEOUT = 10.0
 
 
 def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -62,6 +66,10 @@ class DaemonConfig:
             and start highest priority first.
         max_bandwidth: bytes per second all downloads share (0: no cap).
         grace_period: seconds from SIGTERM to exit.
+        max_connections: client connections held at once; a new one past it closes
+            the longest idle one (see connections.py).
+        client_timeout: seconds a client has to send a request's headers (from its
+            connection, or its previous answer), and again to send its body.
         retry_backoff: seconds before a failed preload is tried again; doubles
             after each failure in a row (with jitter), up to ``retry_backoff_max``.
         notes: warnings from reading the settings, for the log (never a secret).
@@ -82,6 +90,8 @@ class DaemonConfig:
     retry_backoff: float = DEFAULT_RETRY_BACKOFF
     retry_backoff_max: float = DEFAULT_RETRY_BACKOFF_MAX
     no_auth: bool = False
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    client_timeout: float = DEFAULT_CLIENT_TIMEOUT
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -93,6 +103,8 @@ class DaemonConfig:
         for url, priority in self.priorities:
             check_priority(priority, f"the priority of {url}")
         check_number("grace period", self.grace_period, maximum=MAX_SECONDS)
+        check_number("max connections", self.max_connections, integer=True, positive=True)
+        check_number("client timeout", self.client_timeout, positive=True, maximum=MAX_SECONDS)
         if self.max_cache_bytes is not None:
             check_number("max cache bytes", self.max_cache_bytes, integer=True, positive=True)
         Backoff(self.retry_backoff, self.retry_backoff_max)  # raises ConfigError if unusable
@@ -113,7 +125,8 @@ class DaemonConfig:
             f"allow_prefixes={self.allow_prefixes}, concurrency={self.concurrency}, "
             f"max_downloads={self.max_downloads}, max_bandwidth={self.max_bandwidth}, "
             f"priorities={len(self.priorities)}, grace_period={self.grace_period}, "
-            f"retry_backoff={self.retry_backoff}, retry_backoff_max={self.retry_backoff_max})"
+            f"retry_backoff={self.retry_backoff}, retry_backoff_max={self.retry_backoff_max}, "
+            f"max_connections={self.max_connections}, client_timeout={self.client_timeout})"
         )
 
 
@@ -151,6 +164,18 @@ _OPTIONS: tuple[tuple[str, str, str], ...] = (
         "--retry-backoff-max",
         "AIOLOADER_RETRY_BACKOFF_MAX",
         f"longest wait between tries of a failed preload (default {DEFAULT_RETRY_BACKOFF_MAX:g})",
+    ),
+    (
+        "--max-connections",
+        "AIOLOADER_MAX_CONNECTIONS",
+        f"client connections held at once; past it the longest idle one is closed "
+        f"(default {DEFAULT_MAX_CONNECTIONS}, at most half the open-file limit)",
+    ),
+    (
+        "--client-timeout",
+        "AIOLOADER_CLIENT_TIMEOUT",
+        f"seconds a client has to send a request's headers, and its body "
+        f"(default {DEFAULT_CLIENT_TIMEOUT:g})",
     ),
 )
 
@@ -277,6 +302,12 @@ def config_from_args(
     backoff_max = _number(
         pick("retry_backoff_max", "AIOLOADER_RETRY_BACKOFF_MAX"), float, "retry backoff max"
     )
+    connections = _number(
+        pick("max_connections", "AIOLOADER_MAX_CONNECTIONS"), int, "max connections"
+    )
+    client_timeout = _number(
+        pick("client_timeout", "AIOLOADER_CLIENT_TIMEOUT"), float, "client timeout"
+    )
     no_auth = bool(getattr(args, "no_auth", None)) or _flag(
         environ.get("AIOLOADER_NO_AUTH"), "AIOLOADER_NO_AUTH"
     )
@@ -300,5 +331,9 @@ def config_from_args(
         retry_backoff=float(backoff) if backoff is not None else DEFAULT_RETRY_BACKOFF,
         retry_backoff_max=(
             float(backoff_max) if backoff_max is not None else DEFAULT_RETRY_BACKOFF_MAX
+        ),
+        max_connections=(int(connections) if connections is not None else DEFAULT_MAX_CONNECTIONS),
+        client_timeout=(
+            float(client_timeout) if client_timeout is not None else DEFAULT_CLIENT_TIMEOUT
         ),
     )

@@ -12,6 +12,12 @@ bytes under temporary names, so a restart resumes them and no partial file
 ever shows under a final name), and the process exits 0, all within the grace
 period. A second signal stops waiting and exits 1.
 
+Connections: the listener hands each one to a ``ConnectionGuard``
+(connections.py), which holds at most ``--max-connections`` and closes those
+that do not deliver a request within ``--client-timeout``, so that the probes
+are answered whatever other clients do. ``aioloader serve`` first lifts the
+open-file limit to its hard limit.
+
 Signal handlers are installed here only, and only from the main thread. While
 it serves, the redacting log filter also sits on the root logger's handlers, so
 that no record of any logger (aiohttp's included) prints a URL's secrets, and
@@ -32,13 +38,18 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, LoaderError, StartupError
 from ..redact import RedactingFilter, redacting_logger
 from ..threads import Lane, run_blocking
 from .config import DaemonConfig, config_from_args
 from .logs import EscapingFilter
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from .connections import ConnectionGuard
 
 __all__ = ["EXIT_STARTUP", "Server", "serve_from_args"]
 
@@ -128,6 +139,7 @@ class Server:
         from .allow import AllowList
         from .app import DaemonState, RequestError, check_url, make_app
         from .bandwidth import Bandwidth
+        from .connections import ConnectionGuard, fit_cap
         from .downloads import Downloads
         from .metrics import Metrics
         from .pins import Pins
@@ -186,24 +198,23 @@ class Server:
                 watch=watch,
                 token=config.token,
                 allow=allow,
+                client_timeout=config.client_timeout,
+            )
+            guard = ConnectionGuard(
+                fit_cap(config.max_connections, _open_files()), config.client_timeout
             )
             runner = web.AppRunner(
-                make_app(state),
+                make_app(state, guard.middleware),
                 access_log=None,
                 handle_signals=False,
                 shutdown_timeout=max(0.1, min(5.0, config.grace_period / 2)),
             )
             await runner.setup()
+            listener: asyncio.Server | None = None
             try:
-                site = web.TCPSite(runner, config.host, config.port, backlog=_BACKLOG)
-                try:
-                    await site.start()
-                except OSError as exc:
-                    raise StartupError(
-                        f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}; "
-                        "pick another --port / AIOLOADER_PORT"
-                    ) from exc
-                self.port = runner.addresses[0][1] if runner.addresses else config.port
+                listener = await _listen(config, runner, guard)
+                sockets = listener.sockets
+                self.port = sockets[0].getsockname()[1] if sockets else config.port
                 logger.info("listening on http://%s:%s (%r)", config.host, self.port, config)
                 priorities = dict(config.priorities)
                 preloads = [
@@ -218,12 +229,33 @@ class Server:
                 downloads.close()
                 deadline = asyncio.get_running_loop().time() + config.grace_period
             finally:
+                if listener is not None:
+                    listener.close()
                 await runner.cleanup()
+                guard.close_all()
             left = await downloads.stop(deadline - asyncio.get_running_loop().time())
             if left:
                 logger.warning("downloads still stopping after the grace period: %s", left)
         logger.info("stopped")
         return 0
+
+
+async def _listen(config: DaemonConfig, runner: web.AppRunner, guard: ConnectionGuard) -> Any:
+    """The listening socket, each connection held by ``guard``.
+
+    Raises:
+        StartupError: the address cannot be listened on.
+    """
+    assert runner.server is not None
+    try:
+        return await asyncio.get_running_loop().create_server(
+            guard.protocols(runner.server), config.host, config.port, backlog=_BACKLOG
+        )
+    except OSError as exc:
+        raise StartupError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}; "
+            "pick another --port / AIOLOADER_PORT"
+        ) from exc
 
 
 @contextlib.contextmanager
@@ -241,6 +273,16 @@ def _redacted_handlers() -> Iterator[None]:
         for handler in handlers:
             for log_filter in filters:
                 handler.removeFilter(log_filter)
+
+
+def _open_files() -> int | None:
+    """The soft limit of open files, or None where there is none."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Linux or macOS
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def _open_cache(config: DaemonConfig) -> Any:
@@ -261,4 +303,7 @@ async def serve_from_args(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"aioloader serve: error: {exc}", file=sys.stderr)
         return EXIT_STARTUP
+    from .connections import raise_open_files_limit
+
+    raise_open_files_limit()  # the process's own: an embedded Server leaves it alone
     return await Server(config).serve()
