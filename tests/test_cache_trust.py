@@ -101,9 +101,7 @@ async def test_tensors_changed_in_place_are_never_served_from_the_cache(
     same = {"chunk_size": "64KiB", "concurrency": 1}
     subset = await load_model(url, cache_dir=root, tensors=names, **same)
     assert_same(subset, {n: t for n, t in load_file(str(path)).items() if n in names})
-    # Its writes run after it returns; until they hold the entry as its writer, a load
-    # that finds the entry held streams uncached (by design) and leaves it partial.
-    await ModelCache(root).wait_committed()
+    # Its writes run after it returns, holding the entry: the next load waits for them.
     assert_matches_files(await load_model(url, cache_dir=root, **same), path)
     await ModelCache(root).wait_committed()
     assert [r.status for r in await ModelCache(root).verify(url)] == ["ok"]

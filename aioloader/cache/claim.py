@@ -14,11 +14,21 @@ entry; ``load_model([u, u])`` waits for itself. So:
   waiting itself), or a writer that stalled, is read from the remote without
   caching (``BUSY``): never a deadlock, at worst the same bytes downloaded twice;
 * every wait is bounded by the holder's progress (locks.py).
+
+A holder lets go of its lock before its mark, so a load that finds the lock held and
+no mark knows the holder is no marked one still letting go: it tries the lock once
+more (the holder may have let go of both since its first try) and only then streams
+uncached. So a load right after another, whose writes and commit still hold the
+entry, waits for them and reads the entry, never the remote, whenever it looks.
+Taking the mark can fail while another process looks at it (``held_by_other`` holds it
+for an instant): ``mark`` retries for up to ``_MARK_PATIENCE`` seconds where it may
+block.
 """
 
 from __future__ import annotations
 
 import enum
+import time
 from concurrent.futures import Executor
 
 from ..redact import redacting_logger
@@ -37,6 +47,9 @@ from .locks import (
 logger = redacting_logger(__name__)
 
 __all__ = ["BUSY", "Claim", "claim"]
+
+_MARK_PATIENCE = 1.0  # seconds ``mark(patient=True)`` tries for
+_MARK_PAUSE = 0.001
 
 
 class _Busy(enum.Enum):
@@ -58,24 +71,35 @@ class Claim:
     def __repr__(self) -> str:
         return f"<Claim {self.lock.path.parent} fetch={self._mark is not None}>"
 
-    def mark(self, files: EntryFiles) -> None:
-        """Say that from now on this holder waits for nothing else (sync: two syscalls).
+    def mark(self, files: EntryFiles, *, patient: bool = False) -> None:
+        """Say that from now on this holder waits for nothing else (sync: two syscalls
+        a try; idempotent).
+
+        Args:
+            patient: where blocking is allowed (a thread): try again for up to
+                ``_MARK_PATIENCE`` seconds while another process looks at the mark, or
+                the previous holder is letting go of it (see the module docstring).
 
         Raises:
             OSError: the mark's file cannot be opened.
         """
-        if self._mark is None:
+        deadline = time.monotonic() + _MARK_PATIENCE
+        while self._mark is None:
             self._mark = try_acquire(files.writer, exclusive=True)
+            if self._mark is not None or not patient or time.monotonic() > deadline:
+                return
+            time.sleep(_MARK_PAUSE)
 
     def beat(self) -> None:
         """Tell waiters the download makes progress (see ``FileLock.beat``)."""
         self.lock.beat()
 
     def release(self) -> None:
-        """Idempotent; the mark goes first, so a marked entry is always a held one."""
+        """Idempotent; the lock goes first, so a held entry without a mark is never a
+        marked holder letting go (see the module docstring)."""
+        self.lock.release()
         if self._mark is not None:
             self._mark.release()
-        self.lock.release()
 
 
 async def claim(
@@ -105,9 +129,16 @@ async def claim(
     """
     await run_blocking(executor, files.make)
     lock = await try_acquire_async(files.lock, exclusive=True, executor=executor)
-    if lock is None:
-        if by == "load" and not await run_blocking(executor, lambda: held_by_other(files.writer)):
+    if (
+        lock is None
+        and by == "load"
+        and not await run_blocking(executor, lambda: held_by_other(files.writer))
+    ):
+        # No mark: a load holds it, or a marked holder let go of both meanwhile.
+        lock = await try_acquire_async(files.lock, exclusive=True, executor=executor)
+        if lock is None:
             return BUSY
+    if lock is None:
         try:
             lock = await acquire(
                 files.lock, exclusive=True, executor=executor, stall=stall, what=url
@@ -124,7 +155,7 @@ async def claim(
             held.release()
             return None
         if by == "fetch":
-            await run_blocking(executor, lambda: held.mark(files))
+            await run_blocking(executor, lambda: held.mark(files, patient=True))
     except BaseException:
         held.release()
         raise
