@@ -9,6 +9,7 @@ do about it. The tree is shallow on purpose::
     │   ├── NotFoundError (FileNotFoundError)
     │   ├── AccessDeniedError (PermissionError)
     │   ├── ObjectChangedError            the file changed on the server mid-load
+    │   ├── DigestMismatchError           the bytes read are not the ones the publisher hashed
     │   └── ReadError                     a byte range failed mid-load
     │       └── ReadTimeoutError (TimeoutError)
     ├── FormatError (ValueError)          the bytes are not a valid safetensors model
@@ -38,6 +39,7 @@ __all__ = [
     "CacheError",
     "ClosedError",
     "ConfigError",
+    "DigestMismatchError",
     "DistributedError",
     "EventLoopError",
     "FormatError",
@@ -84,6 +86,27 @@ class ObjectChangedError(SourceError):
 
     Tensors from two versions of a file are never mixed: the load fails instead.
     """
+
+
+class DigestMismatchError(SourceError):
+    """A file read whole does not hash to the digest its publisher gives for it (the
+    Hub's LFS sha256 or git blob id, S3's full-object checksum): it was corrupted
+    between the storage and this process. Raised before a load returns or a fetch
+    commits the file; a stream has already handed out the file's tensors by then.
+
+    Attributes:
+        url: the file.
+        algorithm: ``"sha256"``, ``"sha1"`` (a git blob id), ``"crc32"``, ...
+        expected: the digest published, as published.
+        actual: the digest of the bytes read, in the same form.
+    """
+
+    def __init__(self, message: str, *, url: str, algorithm: str, expected: str, actual: str):
+        super().__init__(message)
+        self.url = url
+        self.algorithm = algorithm
+        self.expected = expected
+        self.actual = actual
 
 
 class ReadError(SourceError):

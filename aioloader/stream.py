@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import warnings
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from types import TracebackType
 from typing import Any
 
 from .errors import ClosedError
+from .kept import HANDED_OUT
 from .pipeline import Progress
 from .report import LoadReport
 from .tasks import first_error
@@ -41,6 +43,11 @@ class TensorStream:
     Use it as ``async with loader.stream(url) as stream: async for name, t in stream``.
     Leaving the block (or ``aclose()``) before the end stops every reader. Each
     tensor handed out belongs to the caller: the loader never writes to it again.
+
+    A file checked against its publisher's digest (``hf://``, an ``s3://`` object with
+    a checksum: docs/remote-storage.md) hands its tensors out as they land, before
+    the digest is complete: the stream raises ``DigestMismatchError`` once that
+    file's last byte has arrived, and what it handed out of the file is to be dropped.
 
     Attributes:
         report: the LoadReport, once the stream is exhausted.
@@ -78,10 +85,13 @@ class TensorStream:
             return
         coro = self._run(self._emit, self._progress, self._meta)
         name = f"aioloader load {self._name}"
+        context = contextvars.copy_context()
+        context.run(HANDED_OUT.set, True)  # its tensors go out as they land (kept.py)
         if self._group is not None:
-            self._task = self._group.create_task(coro, name=name)
+            self._task = self._group.create_task(coro, name=name, context=context)
         else:  # iterated without ``async with``: aclose() (or the Loader's) ends it
-            self._task = asyncio.get_running_loop().create_task(coro, name=name)
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(coro, name=name, context=context)
         self._task.add_done_callback(lambda _: self._queue.put_nowait(_DONE))
 
     def _emit(self, name: str, tensor: Any) -> None:

@@ -83,6 +83,7 @@ class _Served:
     flip_from: int
     fault: _Fault | None = None
     ignore_range: bool = False
+    corrupt_at: int = -1
 
 
 def _norm(path: str) -> str:
@@ -151,7 +152,7 @@ class FaultyHttpServer(StartStop):
     configuration method takes the lock. One-shot faults (``reset_after``, ``short_body``,
     ``stall``, ``status``) act on GETs only: each GET consumes at most one, the earliest
     registered one that matches its path and has uses left. The other settings
-    (``ignore_range``, ``change_after``, ``redirect``, ``require_header``,
+    (``ignore_range``, ``change_after``, ``corrupt``, ``redirect``, ``require_header``,
     ``limit_concurrency``) last until changed or ``clear_faults()``.
     """
 
@@ -169,6 +170,7 @@ class FaultyHttpServer(StartStop):
         self._redirect_all: str | None = None
         self._required: dict[str, str] = {}
         self._etags: dict[str, str] = {}
+        self._corrupt: dict[str, int] = {}
         self._limit: tuple[int, int, float] | None = None
         self._log: list[tuple[RequestRecord, dict[str, str], str]] = []
         self._bytes_sent = 0
@@ -339,10 +341,12 @@ class FaultyHttpServer(StartStop):
         count: int = 1,
         *,
         before_headers: bool = False,
+        past: int = 0,
     ) -> None:
         """Send headers and ``after_bytes`` of body, then go quiet for ``seconds``.
 
-        With ``before_headers`` the pause comes before the status line instead.
+        With ``before_headers`` the pause comes before the status line instead;
+        ``past`` as for ``reset_after``.
         """
         self._add(
             _Fault(
@@ -352,6 +356,7 @@ class FaultyHttpServer(StartStop):
                 nbytes=after_bytes,
                 seconds=seconds,
                 before_headers=before_headers,
+                past=past,
             )
         )
 
@@ -405,6 +410,13 @@ class FaultyHttpServer(StartStop):
             else:
                 state.gets_until_change = requests
 
+    def corrupt(self, path: str, at: int) -> None:
+        """Flip byte ``at`` of ``path`` in every body that carries it, keeping the ETag
+        and everything else: storage (or a hop) that damages bytes silently. Lasts until
+        ``clear_faults()``."""
+        with self._lock:
+            self._corrupt[_norm(path)] = at
+
     def version(self, path: str) -> int:
         """Current content version of ``path`` (0 until ``change_after`` fires)."""
         with self._lock:
@@ -454,6 +466,7 @@ class FaultyHttpServer(StartStop):
             self._redirect_all = None
             self._required.clear()
             self._limit = None
+            self._corrupt.clear()
             for state in self._versions.values():
                 state.gets_until_change = None
 
@@ -539,6 +552,7 @@ class FaultyHttpServer(StartStop):
                         state.version += 1
                         state.gets_until_change = None
             ignore = path in self._ignore_range or None in self._ignore_range
+            corrupt_at = self._corrupt.get(path, -1)
         if version and flip_from < 0:
             flip_from = _data_start(file)
         return _Served(
@@ -552,6 +566,7 @@ class FaultyHttpServer(StartStop):
             flip_from=flip_from,
             fault=fault,
             ignore_range=ignore,
+            corrupt_at=corrupt_at,
         )
 
     async def _respond(self, request: web.Request, path: str) -> web.StreamResponse:
@@ -652,6 +667,9 @@ class FaultyHttpServer(StartStop):
                     break  # the file shrank under us; the client sees a short body
                 if table is not None:
                     piece = _flip(piece, first + sent, served.flip_from, table)
+                if 0 <= served.corrupt_at - (first + sent) < len(piece):
+                    at = served.corrupt_at - (first + sent)
+                    piece = piece[:at] + bytes([piece[at] ^ 0xFF]) + piece[at + 1 :]
                 await response.write(piece)
                 sent += len(piece)
                 with self._lock:

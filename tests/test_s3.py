@@ -384,11 +384,13 @@ async def test_s3_retries_resume_and_are_signed(
     assert ranges[0] == f"bytes=0-{PROBE_SIZE - 1}"
     first, last = (int(x) for x in ranges[1].removeprefix("bytes=").split("-"))  # type: ignore[union-attr]
     assert ranges[2] == ranges[3] == f"bytes={first + 12_345}-{last}"
-    # Every attempt is signed anew, its Range header included in the signature.
-    for headers in http_server.request_headers:
+    # Every attempt is signed anew, its Range header included in the signature (and
+    # the HEAD that asks for the object's checksum signed too).
+    for record, headers in zip(http_server.requests, http_server.request_headers, strict=True):
         auth = headers["Authorization"]
         assert auth.startswith("AWS4-HMAC-SHA256 Credential=AKIAFAULTY0000000000/")
-        assert "range" in auth.split("SignedHeaders=")[1].split(",")[0].split(";")
+        signed = auth.split("SignedHeaders=")[1].split(",")[0].split(";")
+        assert ("range" if record.method == "GET" else "x-amz-checksum-mode") in signed
         assert "X-Amz-Date" in headers and "X-Amz-Content-SHA256" in headers
 
 

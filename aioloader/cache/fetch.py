@@ -20,7 +20,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from ..config import Limits
-from ..errors import CacheError, ConfigError
+from ..errors import CacheError, ConfigError, DigestMismatchError
 from ..layout import resolve_layout
 from ..options import LoadOptions
 from ..pace import PACE, Pace
@@ -169,7 +169,11 @@ class Fetcher:
                 self.meter.add(partial.done.total)
                 missing = split(partial.done.missing(version.size), self.piece)
                 downloaded = sum(end - start for start, end in missing)
-                await gather(self._copy(blob, partial, s, e) for s, e in missing)
+                try:
+                    await gather(self._copy(blob, partial, s, e) for s, e in missing)
+                except DigestMismatchError:  # refused by its source: keep none of it
+                    await self._blocking(partial.files.discard, url, "discarding")
+                    raise
                 await self._complete(partial, url, version, published)
             finally:
                 partial.close()

@@ -6,7 +6,8 @@ returns (write_through.py) or once the load is over (write_after.py). Once every
 byte is written or queued, closing the blob hands the entry to a commit thread,
 which completes it after the load has returned (commit.py); a partial load leaves
 it resumable. When the cache cannot take the bytes, the blob reads on from the
-remote alone and closing it deletes the entry's partial files.
+remote alone and closing it deletes the entry's partial files; so does a file its
+source refuses (a digest that does not match, sources/verifying.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from ..errors import ClosedError
+from ..errors import ClosedError, DigestMismatchError
 from ..sources.base import Blob, clip
 from . import commit
 from .claim import Claim
@@ -104,7 +105,11 @@ class FillingBlob(Blob):
             except OSError as exc:
                 raise cache_error(exc, self.cache.root, f"reading the cache of {self.url}") from exc
             return
-        await self._remote.read_into(offset, buffers)
+        try:
+            await self._remote.read_into(offset, buffers)
+        except DigestMismatchError:
+            self.partial = None  # refused by its source: closing deletes what was cached
+            raise
         self._lock.beat()
         self.cache.record_download(end - offset)
         await self._mode.arrived(self, offset, views)
@@ -138,19 +143,13 @@ class FillingBlob(Blob):
                 finished = partial.covered_with(self.later.start(partial))
                 if finished or self.later.started:
                     # From here the holder waits for nothing else: other loads may wait.
-                    # Marked now, before the load returns, so that the next load waits;
-                    # should another process be looking at the mark, the commit retries.
                     with contextlib.suppress(OSError):
                         self._lock.mark(partial.files)
                     cache, url, later, release = self.cache, self.url, self.later, self._release
-                    lock = self._lock
-
-                    def job() -> None:
-                        with contextlib.suppress(OSError):
-                            lock.mark(partial.files, patient=True)
-                        commit.settle(cache, url, partial, later, finished, release)
-
-                    commit.submit(cache.root, job)
+                    commit.submit(
+                        cache.root,
+                        lambda: commit.settle(cache, url, partial, later, finished, release),
+                    )
                     handed_off = True
         finally:
             self._closed = True

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ..container_memory import MemoryLimit
+from ..kept import BUFFERS_KEPT, HANDED_OUT
 from ..plan import Read, Span
 from ..safetensors import TensorInfo
 from ..staging import Share
@@ -95,10 +96,13 @@ class Device(ABC):
         """
         staged = Staged(read, allocation, self.cost(read), share)
         await share.acquire(staged.cost)
+        # Host memory filled in place keeps its bytes until the load returns (kept.py).
+        kept = BUFFERS_KEPT.set(not self.copies and not HANDED_OUT.get())
         try:
             staged.buffer = await self.staging(read, allocation)
             yield staged
         finally:
+            BUFFERS_KEPT.reset(kept)
             if not staged.committed:
                 if staged.buffer is not None:
                     self.release(read)

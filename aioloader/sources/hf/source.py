@@ -32,8 +32,10 @@ from ...redact import redacting_logger
 from ...threads import Lanes, run_in
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
+from ..digests import hub_digest
 from ..file import FileSource
 from ..http.store import HttpStore
+from ..verifying import verifying
 from .hf_cache import HfCache
 from .hub import HubSettings, resolve_snapshot
 from .revision import NoAnswer, RevisionCheck, ask_commit
@@ -267,6 +269,10 @@ class HfSource(Source):
                 f"but its download has {blob.size}; try again, and report it to the Hub if "
                 "it persists"
             )
+        # Checked against the listing's blob id as it arrives (sources/verifying.py).
+        where = f"{location.path!r} in {snapshot.describe()}"
+        digest = hub_digest(snapshot.ids.get(location.path, ""), size, where)
+        blob = verifying(blob, digest, self._lanes.compute)
         return HfFile(blob, False, location.path, snapshot, settings)
 
     def join(self, base: str, name: str) -> str:

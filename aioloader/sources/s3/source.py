@@ -2,12 +2,14 @@
 
 The source holds an HttpStore (http/store.py) whose transport signs every request
 with an S3Signer (signer.py); here are S3's own parts: listing a prefix, and the
-checksums an object was uploaded with. Object and bucket URLs, path-style or
+checksums an object was uploaded with, which every read of a whole object is
+checked against (digests.py, verifying.py). Object and bucket URLs, path-style or
 virtual-hosted, are built in url.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 from urllib.parse import quote, urlencode
 
@@ -16,10 +18,12 @@ from ...errors import NotFoundError
 from ...threads import Lanes
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
+from ..digests import s3_digest
 from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing
 from ..http.retry import RetryableError
 from ..http.store import HttpStore
 from ..http.transport import transport_errors
+from ..verifying import verifying
 from .signer import S3_NAMESPACE, S3Signer, xml_text
 from .url import bucket_url, object_url, split_s3_url
 
@@ -41,6 +45,7 @@ class S3Source(Source):
     def __init__(
         self, lanes: Lanes, http: HttpOptions | None = None, options: S3Options | None = None
     ) -> None:
+        self._lanes = lanes
         self._signer = S3Signer(options or S3Options(), lanes.setup)
         self._store = HttpStore(type(self).__name__, lanes, http or HttpOptions(), self._signer)
 
@@ -69,7 +74,7 @@ class S3Source(Source):
         mode: ranged GETs never carry it), and its ``x-amz-server-side-encryption*``
         headers, which say whether its ETag can be an MD5 (not under SSE-KMS or SSE-C).
         Composite checksums of multipart uploads (``<digest>-<parts>``) are not digests
-        of the bytes and are left out."""
+        of the bytes and are left out; ``x-amz-checksum-type`` is kept."""
         await self._signer.setup()
         fetch_url = self._object_url(url)
         return await self._store.retrier.run(
@@ -87,8 +92,7 @@ class S3Source(Source):
                     name = name.lower()
                     if name.startswith("x-amz-server-side-encryption") or (
                         name.startswith("x-amz-checksum-")
-                        and name != "x-amz-checksum-type"
-                        and "-" not in value
+                        and (name == "x-amz-checksum-type" or "-" not in value)
                     ):
                         found[name] = value
                 return found
@@ -141,13 +145,29 @@ class S3Source(Source):
     # -- Source --------------------------------------------------------------------
 
     async def open(self, url: str) -> Blob:
+        """Open ``url``, checked against its full-object checksum when it has one: asked
+        with a HEAD beside the first read (ranged GETs never carry it), see verifying.py."""
         await self._signer.setup()
+        head = asyncio.ensure_future(self.object_checksums(url))
         try:
-            return await self._store.open(url, self._object_url(url))
-        except NotFoundError as exc:
-            raise NotFoundError(
-                f"{url} does not exist at {self._signer.endpoint} ({exc}); check the bucket and key"
-            ) from exc
+            blob = await self._store.open(url, self._object_url(url))
+        except BaseException as exc:
+            head.cancel()
+            await asyncio.wait([head])
+            if head.done() and not head.cancelled():
+                head.exception()  # the open's error is the one to tell
+            if isinstance(exc, NotFoundError):
+                raise NotFoundError(
+                    f"{url} does not exist at {self._signer.endpoint} ({exc}); check the "
+                    "bucket and key"
+                ) from exc
+            raise
+        try:
+            checksums = await head
+        except BaseException:
+            await blob.aclose()
+            raise
+        return verifying(blob, s3_digest(checksums), self._lanes.compute)
 
     async def aclose(self) -> None:
         await self._store.aclose()
