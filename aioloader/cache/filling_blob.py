@@ -143,13 +143,19 @@ class FillingBlob(Blob):
                 finished = partial.covered_with(self.later.start(partial))
                 if finished or self.later.started:
                     # From here the holder waits for nothing else: other loads may wait.
+                    # Marked now, before the load returns, so that the next load waits;
+                    # should another process be looking at the mark, the commit retries.
                     with contextlib.suppress(OSError):
                         self._lock.mark(partial.files)
                     cache, url, later, release = self.cache, self.url, self.later, self._release
-                    commit.submit(
-                        cache.root,
-                        lambda: commit.settle(cache, url, partial, later, finished, release),
-                    )
+                    lock = self._lock
+
+                    def job() -> None:
+                        with contextlib.suppress(OSError):
+                            lock.mark(partial.files, patient=True)
+                        commit.settle(cache, url, partial, later, finished, release)
+
+                    commit.submit(cache.root, job)
                     handed_off = True
         finally:
             self._closed = True
