@@ -16,6 +16,9 @@ Per owner (a ``Loader``, or one call of a ``ModelCache`` used without one), in
   write through;
 * ``compute``: pure work too long for the loop (parsing headers, planning reads,
   faulting in fresh tensor memory): bounded by the CPUs, like ``warm``;
+* ``digest``: hashing files against their publishers' digests as they arrive
+  (sources/verifying.py), each file's hash in order, so in a lane of its own: in
+  ``compute`` it held up the faulting in that the reads wait for; bounded by the CPUs;
 * ``setup``: rare one-off blocking calls (finding credentials, importing torch,
   pinning memory, starting a device): two threads, so one slow credential lookup
   does not hold up another store's.
@@ -251,6 +254,11 @@ class Lanes(_ClosedOnExit):
     def compute(self) -> Lane:
         """Pure work too long for the loop: headers, plans, faulting in memory."""
         return self._lane("compute", min(self.concurrency, usable_cpus()))
+
+    @property
+    def digest(self) -> Lane:
+        """Hashing files as they arrive (sources/verifying.py): CPU bound."""
+        return self._lane("digest", min(self.concurrency, usable_cpus()))
 
     @property
     def setup(self) -> Lane:

@@ -1,27 +1,27 @@
 """A blob whose bytes are checked against the digest its publisher gives (digests.py).
 
 A file read whole is hashed as its bytes arrive, and its digest compared before
-the reader is done with it: the read that completes the file raises
-``DigestMismatchError`` when they differ, and so does ``check_unchanged``, which a
-load and ``aioloader fetch`` call after a file's last read. Nothing of a corrupted
-file is returned by a load or written by a fetch; a stream has handed out the
-file's tensors by then, and fails at that point.
+the reader is done with it: the read that completes the file waits for the hash
+and raises ``DigestMismatchError`` when they differ, and so does
+``check_unchanged``, which a load and ``aioloader fetch`` call after a file's last
+read. Nothing of a corrupted file is returned by a load or written by a fetch; a
+stream has handed out the file's tensors by then, and fails at that point.
 
 Ranges complete out of order, and a digest takes the bytes in order, so the hash
-trails the arrivals over the prefix of the file that has arrived without a gap:
+trails the arrivals over the prefix of the file that has arrived without a gap, in
+one task per file that hashes in a thread (never on the event loop) while the
+reads go on. What waits for the hash waits in one of three ways:
 
-- a read that continues that prefix feeds its bytes (and those of later reads
-  waiting for it) to the hash in a thread before it returns: the caller's buffer
-  (a staging slot, soon reused) is read back while it still holds them;
-- a read that lands past a gap waits for the gap to fill: as it is, in host
-  memory that keeps its bytes until the load returns (kept.py), else copied (in
-  a thread); once the copies of the whole process hold ``HOLD_LIMIT`` bytes, a
-  range is only noted, and read again from the storage when the hash gets to it;
-- a read the hash has passed already (a header read twice) changes nothing.
+- in host memory that keeps its bytes until the load returns (kept.py), as it is;
+- a read the hash is waiting for, when no hashing is running, is hashed before
+  it returns (its buffer, a staging slot say, is reused once it has);
+- anything else is copied (in a thread), as long as the copies of the whole
+  process hold less than ``HOLD_LIMIT`` bytes; past that, a range is only noted,
+  and read again from the storage when the hash gets to it.
 
-Only one thread hashes a file at a time, never the event loop. A file that is not
-read whole (``tensors=``, ``rows=``, the share of one rank of a ``group=`` load)
-cannot be checked, and is not: its copies are dropped when it closes.
+A read the hash has passed already (a header read twice) changes nothing. A file
+that is not read whole (``tensors=``, ``rows=``, the share of one rank of a
+``group=`` load) cannot be checked, and is not: what waits is dropped when it closes.
 """
 
 from __future__ import annotations
@@ -108,13 +108,13 @@ class VerifyingBlob(Blob):
         self._running = running
         self._lane = lane
         self._hashed = 0  # bytes [0, _hashed) are in the hash
-        self._arrived = RangeSet()  # every byte read so far
-        self._ready = RangeSet()  # hashed, waiting, or noted to be read again
+        self._arrived = RangeSet()  # read and taken in: hashed, waiting or noted
         self._waiting: list[_Waiting] = []  # a heap, by offset
         self._order = 0
         self._reread = RangeSet()  # arrived but not kept: read again when hashed
         self._turn = asyncio.Lock()  # one hashing at a time
-        self._broken = False  # some bytes may have changed before they were hashed
+        self._driver: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None  # what stopped the hash
         self._actual: str | None = None  # the digest, once every byte is hashed
         self._open = True
         HELD.enter()
@@ -142,16 +142,26 @@ class VerifyingBlob(Blob):
 
         Raises:
             DigestMismatchError: the bytes are not the ones the publisher hashed.
+            ReadError: a range to read again could not be read.
         """
-        if self._broken or not self._arrived.covers(0, self.size):
+        if not self._arrived.covers(0, self.size):
             return False
-        await self._drive()
+        while self._driver is not None:
+            await asyncio.shield(self._driver)  # a cancelled caller leaves it to aclose
+        if self._failure is None:
+            await self._drive()  # hashes what is left, or keeps why it cannot
+        if self._failure is not None:
+            raise self._failure
         self._raise()
-        return True
+        return self._actual is not None
 
     async def aclose(self) -> None:
         if self._open:
             self._open = False
+            driver = self._driver
+            if driver is not None:
+                driver.cancel()
+                await asyncio.wait([driver])  # its thread's hash finishes first
             self._drop()
             HELD.leave()
         await self._inner.aclose()
@@ -159,37 +169,30 @@ class VerifyingBlob(Blob):
     # -- arrivals ----------------------------------------------------------------------
 
     async def _arrive(self, offset: int, views: list[memoryview], *, kept: bool) -> None:
-        """Take bytes just read into ``views`` (``kept``: they never change)."""
+        """Take bytes just read into ``views`` (``kept``: they stay as they are until the
+        hash gets to them), then start the hash on, or finish it if the file is whole."""
         nbytes = sum(v.nbytes for v in views)
         end = offset + nbytes
-        if end <= self._hashed or self._broken:
+        if end <= self._hashed or self._failure is not None:
             return
-        self._arrived.add(offset, end)
-        if kept or self._ready.covers(self._hashed, offset):
+        if kept:
             self._push(offset, views)
-            if not self._ready.covers(self._hashed, offset):
-                return  # bytes that never change wait as they are
-            try:
-                await self._drive()
-            except BaseException:
-                if self._hashed < end and not kept:
-                    # Not hashed (cancelled, a failed read again): the buffer may be reused.
-                    self._broken = True
-                    self._drop()
-                raise
+        elif offset <= self._hashed and not self._turn.locked():
+            async with self._turn:  # free: taken at once, nothing else hashes meanwhile
+                await self._hash([_Waiting(offset, 0, views)])
         else:
             await self._hold(offset, views, nbytes)
-            if not self._ready.covers(self._hashed, offset):
-                return
-            await self._drive()  # the gap filled while this was copied: hash on
-        self._raise()
+        self._arrived.add(offset, end)
+        if self._arrived.covers(0, self.size):
+            await self.verify()  # the read that completes the file answers for it
+        else:
+            self._start()
 
     async def _hold(self, offset: int, views: list[memoryview], nbytes: int) -> None:
-        """Keep a copy of bytes that landed past a gap, or note them to read again."""
+        """Keep a copy of bytes that cannot wait as they are, or note them to read again."""
         buffer = HELD.take(nbytes, HOLD_LIMIT)
         if buffer is None:
             self._reread.add(offset, offset + nbytes)
-            self._ready.add(offset, offset + nbytes)
             return
         try:
             copy = await run_blocking(self._lane, lambda: _copy_into(buffer, views))
@@ -200,30 +203,54 @@ class VerifyingBlob(Blob):
 
     def _push(self, offset: int, views: list[memoryview], copy: np.ndarray | None = None) -> None:
         self._order += 1
-        waiting = _Waiting(offset, self._order, views, copy)
-        heapq.heappush(self._waiting, waiting)
-        self._ready.add(offset, waiting.end)
+        heapq.heappush(self._waiting, _Waiting(offset, self._order, views, copy))
 
     # -- hashing -----------------------------------------------------------------------
 
+    def _start(self) -> None:
+        """Start the task that hashes on, when there is something to hash and none runs."""
+        if self._driver is not None or self._failure is not None or not self._open:
+            return
+        next_ready = (self._waiting and self._waiting[0].offset <= self._hashed) or (
+            self._reread_at(self._hashed) > 0
+        )
+        if next_ready:
+            self._driver = asyncio.get_running_loop().create_task(
+                self._drive_then_forget(), name=f"aioloader digest {self.url}"
+            )
+
+    async def _drive_then_forget(self) -> None:
+        try:
+            await self._drive()
+        finally:
+            self._driver = None
+
     async def _drive(self) -> None:
-        """Hash every byte that continues the hashed prefix, reading noted ranges again."""
-        async with self._turn:
-            while not self._broken:
-                taken = self._take()
-                if taken:
-                    await self._hash(taken)
-                    continue
-                gap = self._reread_at(self._hashed)
-                if not gap:
-                    break
-                buffer = memoryview(bytearray(gap))
-                await self._inner.read_into(self._hashed, [buffer])
-                await self._hash([_Waiting(self._hashed, 0, [buffer])])
-            if self._hashed >= self.size and self._actual is None and not self._broken:
-                self._actual = self._running.result()
-                if self._actual == self.digest.value:
-                    logger.debug("%s: matches %s", self.url, self.digest.where)
+        """Hash every byte that continues the hashed prefix, reading noted ranges again;
+        a failure stops the hash for good and is kept for ``verify``."""
+        try:
+            async with self._turn:
+                while True:
+                    taken = self._take()
+                    if taken:
+                        await self._hash(taken)
+                        continue
+                    gap = self._reread_at(self._hashed)
+                    if not gap:
+                        break
+                    buffer = memoryview(bytearray(gap))
+                    await self._inner.read_into(self._hashed, [buffer])
+                    await self._hash([_Waiting(self._hashed, 0, [buffer])])
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._failure = exc
+            self._drop()
+            return
+        if self._hashed >= self.size and self._actual is None:  # the last bytes, here or
+            self._actual = self._running.result()  # hashed by the read that brought them
+            if self._actual == self.digest.value:
+                logger.debug("%s: matches %s", self.url, self.digest.where)
 
     def _take(self) -> list[_Waiting]:
         """The waiting bytes that continue the hashed prefix, in order."""
@@ -263,9 +290,6 @@ class VerifyingBlob(Blob):
             await run_blocking(self._lane, update)
         except asyncio.CancelledError:
             self._hashed = at  # run_blocking waited for the thread: the bytes are in
-            raise
-        except BaseException:
-            self._broken = True
             raise
         finally:
             _give_back(taken)

@@ -272,7 +272,7 @@ class HfSource(Source):
         # Checked against the listing's blob id as it arrives (sources/verifying.py).
         where = f"{location.path!r} in {snapshot.describe()}"
         digest = hub_digest(snapshot.ids.get(location.path, ""), size, where)
-        blob = verifying(blob, digest, self._lanes.compute)
+        blob = verifying(blob, digest, self._lanes.digest)
         return HfFile(blob, False, location.path, snapshot, settings)
 
     def join(self, base: str, name: str) -> str:

@@ -167,7 +167,7 @@ class S3Source(Source):
         except BaseException:
             await blob.aclose()
             raise
-        return verifying(blob, s3_digest(checksums), self._lanes.compute)
+        return verifying(blob, s3_digest(checksums), self._lanes.digest)
 
     async def aclose(self) -> None:
         await self._store.aclose()
