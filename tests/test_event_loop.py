@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import safetensors.numpy as numpy_safetensors
 import torch
 
 from aioloader import Loader
@@ -77,17 +79,23 @@ print(seen)
     assert "MainThread" not in seen, f"torch was imported on the event loop's thread: {seen}"
 
 
+# Writing, loading and checking 300,000 tensors takes about 40 s on two idle CPUs and
+# past the 120 s meant for hangs on a busy machine (150 s at a load average of 10).
+@pytest.mark.timeout(300)
 async def test_loop_stays_responsive_with_300000_tensors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A 27 MiB header of 300,000 small tensors: parsing, planning, making the tensors
     and handing them out held the loop for 3.2 s at once; now each runs in a thread or
-    in slices. What is left is mostly the full collections of the objects the load
-    makes, about 100 ms of CPU each (gen 2), in whichever callback allocates."""
+    in slices. (The full collections of the objects the load makes, about 100 ms of CPU
+    each, run in whichever callback allocates: counted apart, see loop_clock.py.)"""
     gen = torch.Generator().manual_seed(3)
-    values = torch.randn(300_000, 4, generator=gen)
+    values = torch.randn(300_000, 4, generator=gen).numpy()
     names = [f"model.layers.{i // 100}.block.{i % 100}.weight" for i in range(300_000)]
-    path = write_file(tmp_path / "m.safetensors", dict(zip(names, values, strict=True)))
+    # safetensors' numpy functions write and read the same bytes as its torch ones, in
+    # a fifth of the time for this many tensors (minutes on a busy machine).
+    path = tmp_path / "m.safetensors"
+    numpy_safetensors.save_file(dict(zip(names, values, strict=True)), str(path))
     del values
     assert path.stat().st_size > 27 * 2**20
 
@@ -105,4 +113,7 @@ async def test_loop_stays_responsive_with_300000_tensors(
     print(clock.describe())
     assert clock.worst < 0.200, clock.describe()
     assert len(got) == len(names)
-    assert_matches_files(got, path)
+    assert {(t.dtype, tuple(t.shape)) for t in got.values()} == {(torch.float32, (4,))}
+    reference = numpy_safetensors.load_file(str(path))
+    want = np.stack([reference[n] for n in names])
+    assert np.stack([got[n].numpy() for n in names]).tobytes() == want.tobytes()
