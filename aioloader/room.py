@@ -27,8 +27,7 @@ __all__ = ["check_room", "is_out_of_memory", "out_of_memory"]
 
 def _named(url: str, tensor: TensorInfo) -> str:
     return (
-        f"{url}: tensor {tensor.name!r} holds {tensor.nbytes} bytes "
-        f"({format_size(tensor.nbytes)})"
+        f"{url}: tensor {tensor.name!r} holds {tensor.nbytes} bytes ({format_size(tensor.nbytes)})"
     )
 
 
