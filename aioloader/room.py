@@ -12,15 +12,11 @@ allocation that fails anyway is said the same way (``out_of_memory``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from .config import format_size
 from .container_memory import MemoryLimit
 from .errors import OutOfMemoryError
 from .safetensors import TensorInfo
-
-if TYPE_CHECKING:
-    from .plan import Span
 
 __all__ = ["check_room", "is_out_of_memory", "out_of_memory"]
 
@@ -59,15 +55,18 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
 
 
-def out_of_memory(span: Span, memory: str, exc: BaseException) -> OutOfMemoryError:
-    """The error for a failed allocation of ``span`` in ``memory`` ("host memory", ...)."""
-    largest = max(span.tensors, key=lambda t: t.nbytes)
+def out_of_memory(
+    url: str, tensors: Sequence[TensorInfo], nbytes: int, memory: str, exc: BaseException
+) -> OutOfMemoryError:
+    """The error for a failed allocation of ``nbytes`` for ``tensors`` of ``url`` (read as
+    one span) in ``memory`` ("host memory", ...)."""
+    largest = max(tensors, key=lambda t: t.nbytes)
     together = ""
-    if len(span.tensors) > 1:
-        together = f", read with {len(span.tensors) - 1} more ({span.nbytes} bytes in all)"
+    if len(tensors) > 1:
+        together = f", read with {len(tensors) - 1} more ({nbytes} bytes in all)"
     detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
     return OutOfMemoryError(
-        f"{_named(span.url, largest)}{together}, and {memory} for it could not be "
+        f"{_named(url, largest)}{together}, and {memory} for it could not be "
         f"allocated ({detail}). Free memory, load fewer tensors at once (tensors=...), or "
         "load where there is room for them"
     )

@@ -110,7 +110,9 @@ class CpuDevice(Device):
             return HostSpan(span, self._framework)
         except Exception as exc:  # MemoryError, also from torch
             if is_out_of_memory(exc):
-                raise out_of_memory(span, "host memory", exc) from None
+                raise out_of_memory(
+                    span.url, span.tensors, span.nbytes, "host memory", exc
+                ) from None
             raise
 
     def empty(self, info: TensorInfo) -> Any:

@@ -192,7 +192,9 @@ class StagedDevice(Device):
             buffer, tensors = self._engine.destination(span)
         except Exception as exc:  # torch's OutOfMemoryError is a RuntimeError
             if is_out_of_memory(exc):
-                raise out_of_memory(span, f"memory on {self.name}", exc) from None
+                raise out_of_memory(
+                    span.url, span.tensors, span.nbytes, f"memory on {self.name}", exc
+                ) from None
             raise
         return _DeviceSpan(span, buffer, tensors)
 
