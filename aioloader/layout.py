@@ -110,16 +110,8 @@ def _shard_problem(shard: str) -> str | None:
     return None
 
 
-async def _read_small(source: Source, url: str) -> bytes:
-    blob = await source.open(url)
-    try:
-        return await blob.read_bytes(0, blob.size)
-    finally:
-        await blob.aclose()
-
-
 async def _from_index(source: Source, url: str) -> ModelLayout:
-    parsed = parse_index(await _read_small(source, url), url)
+    parsed = parse_index(await source.read_file(url), url)
     folder = source.parent(url)
     files = tuple(source.join(folder, name) for name in parsed.files)
     assert parsed.weight_map is not None

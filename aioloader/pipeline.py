@@ -1,4 +1,4 @@
-"""One load: open files, read headers, plan, then read every range into its destination.
+"""One load of an open model (open_model.py): plan, then read every range into its destination.
 
 Everything runs under one ``asyncio.TaskGroup``: ``concurrency`` reader tasks take
 reads from the plan, stage each one with the device (budget and buffer), fill it,
@@ -19,148 +19,36 @@ import difflib
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .config import Limits
 from .devices.base import Device, SpanAllocation, Staged
-from .errors import FormatError, HeaderError, NotFoundError, ReadError, SelectionError
-from .layout import ModelLayout, resolve_layout
+from .errors import ReadError, SelectionError
+from .open_model import OpenModel, check_layout, open_model
 from .plan import Read, Span, plan_reads
 from .ranks import Ranks
 from .redact import redacting_logger
 from .report import LoadReport, cache_outcome
 from .rows import Rows, narrow, rows_of
-from .safetensors import (
-    PREFIX_SIZE,
-    FileHeader,
-    TensorInfo,
-    parse_header,
-    parse_header_length,
-)
-from .sources.base import Blob, Source, aclose_all
+from .safetensors import FileHeader, TensorInfo
 from .staging import ByteBudget, Share
 from .tasks import gather
 from .threads import Lanes, run_blocking
 
-__all__ = ["OpenModel", "Progress", "Selection", "Load", "load_headers", "open_model"]
+# ``open_model`` is the first step of every load: importable from here too.
+__all__ = ["Load", "OpenModel", "Progress", "Selection", "open_model"]
 
 logger = redacting_logger(__name__)
 
 Selection = Collection[str] | Callable[[str], bool] | None
 Emit = Callable[[str, Any], None]
 
-# One read at the start of each file usually holds the whole header.
-_HEADER_PROBE = 64 * 1024
 # Longest stretch the loop spends allocating tensors before letting others run.
 _ALLOCATION_SLICE = 0.002
-# Headers above this size are parsed off the event loop.
-_PARSE_INLINE = 256 * 1024
 # Models with more tensors than this are planned off the event loop: checking,
 # selecting and planning 300,000 tensors held it for 0.7 s.
 _PLAN_INLINE = 20_000
-
-
-async def _read_header(blob: Blob, lane: Executor) -> FileHeader:
-    first = await blob.read_bytes(0, min(blob.size, _HEADER_PROBE))
-    length = parse_header_length(first, blob.url, blob.size)
-    end = PREFIX_SIZE + length
-    raw = first[PREFIX_SIZE:end]
-    if len(first) < end:
-        raw += await blob.read_bytes(len(first), end - len(first))
-    if len(raw) != length:
-        raise HeaderError(f"{blob.url}: file ended inside its {length}-byte header")
-    if length > _PARSE_INLINE:
-        return await run_blocking(lane, lambda: parse_header(raw, blob.url, blob.size))
-    return parse_header(raw, blob.url, blob.size)
-
-
-async def load_headers(
-    source: Source, layout: ModelLayout, concurrency: int, lane: Executor
-) -> tuple[list[Blob], list[FileHeader]]:
-    """Open every file of ``layout`` and parse its header, ``concurrency`` at a time
-    (long headers in ``lane``).
-
-    On error every opened file is closed again before the error propagates.
-    """
-    limiter = asyncio.Semaphore(concurrency)
-    blobs: list[Blob | None] = [None] * len(layout.files)
-    headers: list[FileHeader | None] = [None] * len(layout.files)
-
-    async def one(i: int, url: str) -> None:
-        async with limiter:
-            try:
-                blobs[i] = await source.open(url)
-            except NotFoundError as exc:
-                if layout.index is None:
-                    raise
-                raise NotFoundError(
-                    f"{layout.index} names shard {url}, which does not exist; download "
-                    "the complete model (every shard the index lists)"
-                ) from exc
-            headers[i] = await _read_header(blobs[i], lane)  # type: ignore[arg-type]
-
-    try:
-        await gather(one(i, url) for i, url in enumerate(layout.files))
-    except BaseException:
-        await aclose_all(b for b in blobs if b is not None)
-        raise
-    return [b for b in blobs if b is not None], [h for h in headers if h is not None]
-
-
-@dataclass
-class OpenModel:
-    """A model whose files are open and whose headers are read and validated.
-
-    Use as ``async with await open_model(...) as model``; closing closes every file.
-    """
-
-    layout: ModelLayout
-    blobs: list[Blob]
-    headers: list[FileHeader]
-
-    async def aclose(self) -> None:
-        await aclose_all(self.blobs)
-
-    async def __aenter__(self) -> OpenModel:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-async def open_model(source: Source, url: str | Sequence[str], lanes: Lanes) -> OpenModel:
-    """Find the files of ``url`` (a file, a folder, an index or a list), open each and read
-    its header (``lanes.concurrency`` at a time, long headers parsed in ``lanes.compute``):
-    the first step of a load, and all of an inspection."""
-    layout = await resolve_layout(source, url)
-    blobs, headers = await load_headers(source, layout, lanes.concurrency, lanes.compute)
-    return OpenModel(layout, blobs, headers)
-
-
-def _check_layout(layout: ModelLayout, headers: Sequence[FileHeader]) -> dict[str, TensorInfo]:
-    """Every tensor once across shards, and where the index says it is."""
-    found: dict[str, TensorInfo] = {}
-    where: dict[str, str] = {}
-    for header in headers:
-        for tensor in header.tensors:
-            if tensor.name in found:
-                raise FormatError(
-                    f"tensor {tensor.name!r} appears in both {where[tensor.name]} and "
-                    f"{header.url}; shards must not repeat tensors"
-                )
-            found[tensor.name] = tensor
-            where[tensor.name] = header.url
-    if layout.weight_map is not None:
-        for name, url in layout.weight_map.items():
-            if where.get(name) != url:
-                actual = f"is in {where[name]}" if name in where else "is in no shard"
-                raise FormatError(
-                    f"{layout.index} maps tensor {name!r} to {url}, but it {actual}; the "
-                    "index and the shards come from different versions: download them again"
-                )
-    return found
 
 
 def _select(all_tensors: dict[str, TensorInfo], selection: Selection, url: str) -> set[str] | None:
@@ -289,7 +177,7 @@ class Load:
         return await run_blocking(self.lanes.compute, lambda: self._plan(headers))
 
     def _plan(self, headers: Sequence[FileHeader]) -> _Plan:
-        all_tensors = _check_layout(self.layout, headers)
+        all_tensors = check_layout(self.layout, headers)
         wanted = _select(all_tensors, self.selection, self.url)
         chosen = [t for h in headers for t in h.tensors if wanted is None or t.name in wanted]
         cut = rows_of(chosen, self.rows, self.url)

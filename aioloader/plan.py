@@ -28,12 +28,12 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from .container_memory import MemoryLimit
+from .direct_io import ALIGNMENT  # the reads' 4 KiB grid is O_DIRECT's
 from .room import check_room
 from .safetensors import FileHeader, TensorInfo
 
 __all__ = ["ALIGNMENT", "SPAN_TENSORS", "Read", "Span", "plan_reads"]
 
-ALIGNMENT = 4096
 #: The most tensors in one span (see the module docstring): a short hold of the loop each.
 SPAN_TENSORS = 1024
 

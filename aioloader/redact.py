@@ -34,6 +34,8 @@ import logging
 import re
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
+from .message_filter import MessageFilter
+
 __all__ = [
     "PUBLIC_PARAMETERS",
     "REDACTED",
@@ -146,7 +148,7 @@ def without_credentials(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
-class RedactingFilter(logging.Filter):
+class RedactingFilter(MessageFilter):
     """Redacts a log record's message, its arguments and its traceback text.
 
     A filter on a logger sees only the records logged on that very logger, not
@@ -154,14 +156,11 @@ class RedactingFilter(logging.Filter):
     which sees them all).
     """
 
+    def rewrite(self, text: str) -> str:
+        return redact(text)
+
     def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # a malformed record: leave it for the handler to report
-            return True
-        clean = redact(message)
-        if clean != message:
-            record.msg, record.args = clean, None
+        super().filter(record)
         if record.exc_info and not record.exc_text:
             text = logging.Formatter().formatException(record.exc_info)
             if redact(text) != text:

@@ -51,6 +51,7 @@ def no_leaks() -> Iterator[None]:
     assert leaked == [], f"file descriptors left open: {leaked}"
 
 
+from .fixtures_hub import hub  # noqa: E402, F401
 from .fixtures_remote import http_server, moto_auth_server, moto_server, s3_env  # noqa: E402, F401
 
 

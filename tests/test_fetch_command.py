@@ -107,20 +107,6 @@ async def test_s3_published_checksum_mismatch_is_refused(
     assert _files(dest) == {}
 
 
-@pytest.fixture
-def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    pytest.importorskip("huggingface_hub")
-    from .hub_server import LocalHub
-
-    with LocalHub(tmp_path) as server:
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
-        yield server
-
-
 async def test_hf_snapshot(tmp_path: Path, hub: Any) -> None:
     want = _model(tmp_path / "src", seed=4)
     hub.commit("org/fetched", want)

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -59,20 +58,6 @@ def _fetch(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "aioloader", "fetch", *args],
         capture_output=True, text=True, timeout=120, check=False, **kwargs,
     )  # fmt: skip
-
-
-@pytest.fixture
-def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    pytest.importorskip("huggingface_hub")
-    from .hub_server import LocalHub
-
-    with LocalHub(tmp_path) as server:
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
-        yield server
 
 
 # -- sub-folders (issue 33, item 2) ----------------------------------------------------------

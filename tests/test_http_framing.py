@@ -1,6 +1,6 @@
 """HTTP framing from a server that writes exact bytes: interim answers, ambiguous lengths.
 
-The direct range client (aioloader/sources/http/client.py) reads the socket itself, so what a
+The direct range client (aioloader/sources/http/connection.py) reads the socket itself, so what a
 server may write there is tested with a raw socket server (``RawServer``) rather than
 aiohttp, which would normalise the very bytes under test. Every load that succeeds is
 compared bit for bit with the safetensors library.
@@ -25,7 +25,7 @@ from aioloader import (
     SourceError,
     load_model,
 )
-from aioloader.sources.http.client import WireError, content_length
+from aioloader.sources.http.connection import WireError, content_length
 from aioloader.sources.http.rules import PROBE_SIZE
 
 from .helpers import assert_matches_files, some_big, write_file

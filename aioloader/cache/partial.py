@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import ctypes
 import errno
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +38,7 @@ from typing import Any
 
 import xxhash
 
+from ..direct_io import DIRECT_IO, fill, write_direct
 from ..redact import redacting_logger
 from ..sources.base import clip
 from .checksum import DigestMismatch, PrefixHash, Published
@@ -51,9 +50,6 @@ from .ranges import RangeSet
 __all__ = ["PartialFile", "RangeMismatch", "range_digest"]
 
 logger = redacting_logger(__name__)
-
-_ALIGNMENT = 4096  # what O_DIRECT asks of offsets, lengths and addresses on every disk we know
-_DIRECT_IO = sys.platform == "linux" and hasattr(os, "O_DIRECT")
 
 
 def _nothing() -> None:
@@ -247,7 +243,7 @@ class PartialFile:
         fd = self._require()
         position = offset
         for view in clip(buffers, self.size - offset):
-            written = 0 if self._direct is None else _write_direct(self._direct, view, position)
+            written = 0 if self._direct is None else write_direct(self._direct, view, position)
             while written < view.nbytes:
                 written += os.pwrite(fd, view[written:], position + written)
             position += view.nbytes
@@ -268,12 +264,7 @@ class PartialFile:
         fd = self._require()
         position = offset
         for view in clip(buffers, self.size - offset):
-            got = 0
-            while got < view.nbytes:
-                n = os.preadv(fd, [view[got:]], position + got)
-                if n == 0:
-                    raise EOFError(position + got)
-                got += n
+            fill(fd, view, position, view.nbytes)
             position += view.nbytes
 
     def covers(self, start: int, end: int) -> bool:
@@ -344,7 +335,7 @@ def _preallocate(fd: int, size: int) -> None:
 
 def _open_direct(files: EntryFiles) -> int | None:
     """A second descriptor of ``data.partial`` for ``O_DIRECT`` writes; None where refused."""
-    if not _DIRECT_IO:
+    if not DIRECT_IO:
         return None
     try:
         return open_file(files.partial, os.O_WRONLY | os.O_DIRECT)
@@ -352,34 +343,3 @@ def _open_direct(files: EntryFiles) -> int | None:
         if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):  # tmpfs, some FUSE file systems
             return None
         raise
-
-
-def _address(view: memoryview) -> int | None:
-    """Where ``view``'s bytes start in memory; None for read-only memory (ctypes cannot say)."""
-    if view.readonly or view.nbytes == 0:
-        return None
-    return ctypes.addressof(ctypes.c_char.from_buffer(view))
-
-
-def _write_direct(fd: int, view: memoryview, position: int) -> int:
-    """Write the longest page-aligned start of ``view`` with ``O_DIRECT``; returns bytes written.
-
-    The rest (a file's last partial page, or everything when ``view`` or
-    ``position`` is not aligned) is left to a buffered write.
-    """
-    address = _address(view)
-    if address is None or position % _ALIGNMENT or address % _ALIGNMENT:
-        return 0
-    aligned = view.nbytes - view.nbytes % _ALIGNMENT
-    written = 0
-    while written < aligned:
-        try:
-            n = os.pwrite(fd, view[written:aligned], position + written)
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:  # this memory or file system refuses after all
-                return written
-            raise
-        written += n
-        if n % _ALIGNMENT:
-            break  # a short write off the block grid: buffered writes finish it
-    return written

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..errors import CacheError
+from ..errors import CacheError, LoaderError
+from ..small_files import read_json
 from ..threads import Lane, run_blocking
-from .entry import EntryFiles, read_meta
+from .entry import EntryFiles, Meta
 from .locks import FileLock, acquire
 
 __all__ = ["CacheEntry", "CacheStatistics", "CachedModel", "VerifyResult"]
@@ -112,7 +112,7 @@ class CachedModel:
         try:
             for files in self._entries:
                 held.append(await acquire(files.use, exclusive=False, executor=lane))
-                meta = await run_blocking(lane, functools.partial(read_meta, files))
+                meta = await _read_meta(files, lane)
                 if (
                     meta is None
                     or not meta.complete
@@ -127,3 +127,12 @@ class CachedModel:
             for lock in held:
                 lock.release()
             lane.shutdown(wait=True)
+
+
+async def _read_meta(files: EntryFiles, lane: Lane) -> Meta | None:
+    """The entry's ``meta.json`` (with aiofiles, in ``lane``); None when it is missing or
+    unreadable, which the entry treats as absent (as ``entry.read_meta``)."""
+    try:
+        return Meta(**await read_json(files.meta, lane))
+    except (LoaderError, TypeError):
+        return None

@@ -12,8 +12,9 @@ daemon's own text, formatted apart from the message.
 
 from __future__ import annotations
 
-import logging
 import re
+
+from ..message_filter import MessageFilter
 
 __all__ = ["EscapingFilter", "escape_controls"]
 
@@ -34,15 +35,8 @@ def escape_controls(text: str) -> str:
     return _CONTROL.sub(_escaped, text)
 
 
-class EscapingFilter(logging.Filter):
+class EscapingFilter(MessageFilter):
     """Escapes control characters in a record's message (see the module docstring)."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # a malformed record: leave it for the handler to report
-            return True
-        clean = escape_controls(message)
-        if clean != message:
-            record.msg, record.args = clean, None
-        return True
+    def rewrite(self, text: str) -> str:
+        return escape_controls(text)

@@ -58,6 +58,15 @@ class Source(ABC):
     async def open(self, url: str) -> Blob:
         """Open the file at ``url`` for range reads."""
 
+    async def read_file(self, url: str) -> bytes:
+        """The whole small file at ``url`` (an index): opened, read and closed here; a
+        local source reads it with aiofiles instead (small_files.py)."""
+        blob = await self.open(url)
+        try:
+            return await blob.read_bytes(0, blob.size)
+        finally:
+            await blob.aclose()
+
     async def object_checksums(self, url: str) -> dict[str, str]:
         """Digests of the whole object the storage publishes (header name -> value),
         e.g. S3's ``x-amz-checksum-sha256``, and the headers that say whether its ETag

@@ -1,6 +1,7 @@
 """Local files: ``preadv`` from the owner's lanes (threads.py) straight into destination memory.
 
-Each read goes one of two ways, chosen from what ``mincore`` says of its bytes:
+Each read goes one of two ways, chosen from what ``mincore`` says of its bytes
+(page_cache.py):
 
 * mostly in the page cache ("warm": at least ``WARM_SHARE`` of its pages): a
   memory copy, bound by the CPU, and the kernel reads the few missing pages. It
@@ -8,7 +9,7 @@ Each read goes one of two ways, chosen from what ``mincore`` says of its bytes:
   threads only contend for the cores and for the address-space lock their faults take;
 * mostly not ("cold"): it waits for the disk, which serves many requests at
   once. It runs in the ``cold`` lane, of ``concurrency`` threads, so the disk
-  sees a deep queue, with ``O_DIRECT`` where the file system allows it.
+  sees a deep queue, with ``O_DIRECT`` where the file system allows it (direct_io.py).
 
 The pipeline's ``concurrency`` bounds how many reads are in flight either way.
 """
@@ -16,17 +17,13 @@ The pipeline's ``concurrency`` bounds how many reads are in flight either way.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import mmap
 import os
-import stat
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
 from urllib.parse import quote, unquote, urlparse
 
+from ..direct_io import DIRECT_IO, fill, is_aligned, read_direct
 from ..errors import (
     AccessDeniedError,
     ClosedError,
@@ -35,21 +32,13 @@ from ..errors import (
     ReadError,
     SourceError,
 )
-from ..plan import ALIGNMENT
+from ..small_files import read_bytes as read_small_file
 from ..threads import Lanes, run_blocking
 from .base import Blob, Source
+from .file_version import Stamp, changes, checked_stat, require_regular
+from .page_cache import PageCache
 
 __all__ = ["FileBlob", "FileSource", "to_path"]
-
-# Direct I/O needs O_DIRECT, and mincore() to ask the page cache first.
-_DIRECT_IO = sys.platform == "linux" and hasattr(os, "O_DIRECT")
-_libc: Any = None
-# A read whose pages are at least this much in the page cache is read through it:
-# the kernel fetches only the missing pages. Reading it with O_DIRECT instead
-# would fetch every byte from the disk again, and leave the pages that were
-# evicted out of the cache for every later load (measured: a 3 GiB model with
-# a few evicted pages in most 16 MiB reads loaded at 0.3x a plain preadv).
-WARM_SHARE = 0.5
 
 
 def to_path(url: str) -> str:
@@ -132,7 +121,7 @@ class FileBlob(Blob):
             position = offset
             for buffer in buffers:
                 need = max(0, min(buffer.nbytes, size - position))
-                _fill(fd, buffer[:need], position, need)
+                fill(fd, buffer[:need], position, need)
                 position += buffer.nbytes
             return True
 
@@ -169,7 +158,7 @@ class FileBlob(Blob):
         fd = self._require_fd()
         path, stamp = self._path, self._stamp
         try:
-            found = await run_blocking(self._lanes.warm, lambda: _changes(fd, path, stamp))
+            found = await run_blocking(self._lanes.warm, lambda: changes(fd, path, stamp))
         except OSError as exc:
             raise _translate(exc, self.url, "checking") from exc
         if found:
@@ -188,7 +177,7 @@ class FileBlob(Blob):
 
 
 def _read_range(
-    fd: int, direct: int | None, cache: _PageCache | None, buffer: memoryview, offset: int,
+    fd: int, direct: int | None, cache: PageCache | None, buffer: memoryview, offset: int,
     size: int,
 ) -> None:  # fmt: skip
     """Fill ``buffer`` with the file's bytes at ``offset``; bytes past the end stay as they are."""
@@ -196,141 +185,26 @@ def _read_range(
     if (
         direct is not None
         and cache is not None
-        and offset % ALIGNMENT == 0
-        and buffer.nbytes % ALIGNMENT == 0
+        and is_aligned(offset, buffer)
         and not cache.mostly_holds(offset, need)
+        and read_direct(direct, buffer, offset, need)
     ):
-        try:
-            _fill(direct, buffer, offset, need)
-            return
-        except OSError as exc:
-            # EINVAL: this buffer or filesystem does not allow direct I/O after all.
-            if exc.errno != errno.EINVAL:
-                raise
-    _fill(fd, buffer[:need], offset, need)
-
-
-class _PageCache:
-    """Asks whether the page cache holds a file's bytes, without reading them.
-
-    A plain or ``RWF_NOWAIT`` read would start readahead on a miss and so read
-    the bytes twice (once into the page cache, once directly); ``mincore`` on a
-    mapping of the file only looks.
-    """
-
-    def __init__(self, fd: int, size: int) -> None:
-        self._size = size
-        self._address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if self._address in (None, ctypes.c_void_p(-1).value):
-            raise OSError(ctypes.get_errno(), "mmap failed")
-
-    def resident(self, offset: int, length: int) -> float:
-        """The share of the pages of ``[offset, offset + length)`` in the page cache."""
-        if length <= 0:
-            return 1.0
-        pages = -(-length // mmap.PAGESIZE)
-        vector = (ctypes.c_ubyte * pages)()
-        if _libc.mincore(ctypes.c_void_p(self._address + offset), length, vector) != 0:
-            return 1.0  # cannot tell: the page cache path is always correct
-        return 1.0 - bytes(vector).count(0) / pages
-
-    def mostly_holds(self, offset: int, length: int) -> bool:
-        """Whether a buffered read of the range is the better way (see ``WARM_SHARE``)."""
-        return self.resident(offset, length) >= WARM_SHARE
-
-    def close(self) -> None:
-        address, self._address = self._address, None
-        if address is not None:
-            _libc.munmap(ctypes.c_void_p(address), self._size)
-
-
-def _load_libc() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long,
-    ]  # fmt: skip
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
-
-
-def _fill(fd: int, buffer: memoryview, offset: int, need: int) -> int:
-    """``preadv`` until ``need`` bytes have arrived; short reads resume where they stopped."""
-    got = 0
-    while got < need:
-        n = os.preadv(fd, [buffer[got:]], offset + got)
-        if n == 0:
-            raise EOFError(offset + got)
-        got += n
-    return got
-
-
-class _Stamp(NamedTuple):
-    """What identifies one version of a file: which inode, its size and its last change."""
-
-    dev: int
-    ino: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-
-    @classmethod
-    def of(cls, info: os.stat_result) -> _Stamp:
-        return cls(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-
-    def same_file(self, other: _Stamp) -> bool:
-        return (self.dev, self.ino) == (other.dev, other.ino)
-
-    def differences(self, now: _Stamp) -> str:
-        """What changed from this stamp to ``now``, in words ("" when nothing did)."""
-        if not self.same_file(now):
-            return "the path now names another file (it was replaced, e.g. renamed over)"
-        changes = []
-        if now.size != self.size:
-            changes.append(f"its size went from {self.size} to {now.size} bytes")
-        if now.mtime_ns != self.mtime_ns:
-            changes.append("it was written to (new modification time)")
-        elif now.ctime_ns != self.ctime_ns:
-            changes.append("its status changed (new change time: a write, chmod or new link)")
-        return ", ".join(changes)
+        return
+    fill(fd, buffer[:need], offset, need)
 
 
 #: An open file: its descriptor, an O_DIRECT one, its page-cache probe, its version.
-_Opened = tuple[int, int | None, "_PageCache | None", _Stamp]
-
-_KINDS = {
-    stat.S_IFDIR: "a directory",
-    stat.S_IFIFO: "a named pipe (FIFO)",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-}
+_Opened = tuple[int, int | None, PageCache | None, Stamp]
 
 
-def _require_regular(info: os.stat_result, url: str) -> None:
-    """Refuse anything but a regular file: a FIFO's open or read would wait for a
-    writer forever, and a device has no fixed size to check a header against."""
-    if stat.S_ISREG(info.st_mode):
-        return
-    kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
-    if stat.S_ISDIR(info.st_mode):
-        raise SourceError(f"{url} is a directory where a file was expected")
-    raise SourceError(
-        f"{url} is {kind}, not a regular file; aioloader reads only regular files (or "
-        "symlinks to them), whose size is known and which can be read at any offset: "
-        "give the path of the .safetensors file itself"
-    )
-
-
-def _open_checked(path: str, url: str, flags: int, expected: _Stamp) -> tuple[int, _Stamp]:
+def _open_checked(path: str, url: str, flags: int, expected: Stamp) -> tuple[int, Stamp]:
     """Open ``path`` without blocking and check that it is still the file ``expected``
     describes: it could have been swapped (for a FIFO, too) since it was looked at."""
     fd = os.open(path, flags | os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
-        _require_regular(info, url)
-        stamp = _Stamp.of(info)
+        require_regular(info, url)
+        stamp = Stamp.of(info)
         if not stamp.same_file(expected):
             raise ObjectChangedError(
                 f"{url} was replaced by another file while it was being opened; load it "
@@ -344,20 +218,17 @@ def _open_checked(path: str, url: str, flags: int, expected: _Stamp) -> tuple[in
 
 
 def _open(path: str, url: str) -> _Opened:
-    global _libc
     # stat (which follows symlinks) before open: opening a FIFO for reading waits for a
     # writer, in a thread nothing can cancel. O_NONBLOCK covers a swap in between.
-    looked = _Stamp.of(_checked_stat(path, url))
+    looked = Stamp.of(checked_stat(path, url))
     fd, stamp = _open_checked(path, url, 0, looked)
     direct = cache = None
     try:
         # Reads go in parallel but mostly forward: let the kernel read ahead.
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        if _DIRECT_IO and stamp.size > 0:
-            if _libc is None:
-                _libc = _load_libc()
+        if DIRECT_IO and stamp.size > 0:
             with contextlib.suppress(OSError):
-                cache = _PageCache(fd, stamp.size)
+                cache = PageCache(fd, stamp.size)
             if cache is not None:
                 try:
                     direct, _ = _open_checked(path, url, os.O_DIRECT, stamp)
@@ -368,24 +239,6 @@ def _open(path: str, url: str) -> _Opened:
         _close_all((fd, direct, cache, stamp))
         raise
     return fd, direct, cache, stamp
-
-
-def _checked_stat(path: str, url: str) -> os.stat_result:
-    info = os.stat(path)
-    _require_regular(info, url)
-    return info
-
-
-def _changes(fd: int, path: str, stamp: _Stamp) -> str:
-    """How the file its path names, or the open file, differs from ``stamp`` ("" if not)."""
-    try:
-        named = _Stamp.of(os.stat(path))
-    except FileNotFoundError:
-        return "its path no longer exists (it was removed or renamed)"
-    if not stamp.same_file(named):
-        return stamp.differences(named)
-    # The open file itself: a rename over it also moves its change time (one link less).
-    return stamp.differences(_Stamp.of(os.fstat(fd)))
 
 
 def _close_all(opened: _Opened) -> None:
@@ -451,6 +304,10 @@ class FileSource(Source):
         except OSError as exc:
             raise _translate(exc, url, "opening") from exc
         return FileBlob(url, opened, lanes)
+
+    async def read_file(self, url: str) -> bytes:
+        """The whole small file at ``url``, with aiofiles in the warm lane (an index)."""
+        return await read_small_file(to_path(url), self._require_lanes().warm)
 
     def join(self, base: str, name: str) -> str:
         if base.startswith("file://"):

@@ -11,7 +11,9 @@ finds what they wrote::
         refs/<branch or tag>             the commit it pointed to, no newline
         trees/<commit>.json              the commit's file listing (tree.py)
 
-Everything here is synchronous file work, for a thread. A blob is written under a
+The file work here is synchronous, for a thread, but for the reads of refs and listings
+a load makes from the event loop (``load_*``), which go through aiofiles in the
+caller's lane (small_files.py). A blob is written under a
 temporary name in ``blobs/`` and renamed (blob_writer.py), and links and refs are
 renamed into place too, so a reader never sees half of anything.
 """
@@ -20,10 +22,12 @@ from __future__ import annotations
 
 import os
 import secrets
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import NotFoundError
+from ...errors import LoaderError, NotFoundError
+from ...small_files import read_bytes, read_text
 from .snapshot import Snapshot
 from .tree import TreeEntry, dump_tree, parse_tree
 from .url import HfLocation, is_commit
@@ -138,11 +142,29 @@ class HfCache:
             return None
         return commit if is_commit(commit) else None
 
-    def cached_snapshot(self, revision: str) -> Snapshot | None:
+    async def load_ref(self, revision: str, lane: Executor) -> str | None:
+        """``read_ref`` from the event loop: the ref read with aiofiles in ``lane``."""
+        try:
+            commit = (await read_text(self.folder / "refs" / revision, lane)).strip()
+        except LoaderError:
+            return None
+        return commit if is_commit(commit) else None
+
+    async def load_tree(self, commit: str, lane: Executor) -> dict[str, TreeEntry] | None:
+        """``read_tree`` from the event loop: the listing read with aiofiles in ``lane``."""
+        if not is_commit(commit):
+            return None
+        try:
+            data = await read_bytes(self._tree_file(commit), lane)
+        except LoaderError:
+            return None
+        return parse_tree(data)
+
+    async def load_snapshot(self, revision: str, lane: Executor) -> Snapshot | None:
         """The commit of ``revision``'s ref with its files, when the cache holds that
         commit's listing too (a load can start from it: warm_start.py); else None."""
-        commit = self.read_ref(revision)
-        tree = self.read_tree(commit) if commit else None
+        commit = await self.load_ref(revision, lane)
+        tree = await self.load_tree(commit, lane) if commit else None
         if commit is None or tree is None:
             return None
         return Snapshot.of_tree(self.repo_id, commit, commit, tree)

@@ -131,7 +131,7 @@ class HfSource(Source):
         if settings.offline:
             snapshot = await run_in(self._lanes.setup, cache.snapshot, location)
         else:
-            kept = await run_in(self._lanes.setup, cache.read_tree, location.revision)
+            kept = await cache.load_tree(location.revision, self._lanes.setup)
             if kept is not None:  # a commit whose listing is cached: nothing to ask
                 sha = location.revision
                 snapshot = Snapshot.of_tree(location.repo_id, sha, sha, kept)
@@ -148,7 +148,7 @@ class HfSource(Source):
         the Hub gives no answer (revision.py)."""
         cached = None
         if not is_commit(location.revision):
-            cached = await run_in(self._lanes.setup, cache.cached_snapshot, location.revision)
+            cached = await cache.load_snapshot(location.revision, self._lanes.setup)
         sha = None
         if cached is not None:
             sha = await self._ask(location, cached.sha)
@@ -180,7 +180,7 @@ class HfSource(Source):
         if settings.offline or is_commit(location.revision):
             return None
         cache = HfCache(settings.cache, location.repo_id)
-        snapshot = await run_in(self._lanes.setup, cache.cached_snapshot, location.revision)
+        snapshot = await cache.load_snapshot(location.revision, self._lanes.setup)
         if snapshot is None:
             return None
         self._keep(snapshot)  # the load of that commit finds its listing here
