@@ -316,7 +316,8 @@ class S3Options:
         region: the signing region (default ``us-east-1``).
         addressing: ``"path"`` (``endpoint/bucket/key``), ``"virtual"``
             (``bucket.endpoint/key``) or ``"auto"``: path-style for custom
-            endpoints, virtual-hosted on AWS. ``AIOLOADER_S3_ADDRESSING`` overrides.
+            endpoints, virtual-hosted on AWS. ``AIOLOADER_S3_ADDRESSING`` sets it when
+            neither this object nor ``s3_addressing=`` is given.
         anonymous: send unsigned requests (public buckets). Also used when no
             credentials are found at all.
         profile: a profile from the shared AWS config files.
