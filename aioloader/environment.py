@@ -46,7 +46,7 @@ def from_environment(row: Setting, environ: Mapping[str, str] | None = None) -> 
         ConfigError: naming the variable, when its text does not parse.
     """
     text = _environ(environ).get(row.variable) if row.env else None
-    if text is None or row.parse is None or (row.blank_unset and not text.strip()):
+    if text is None or row.parse is None or (row.blank_unset and text == ""):
         return None
     try:
         return row.parse(text)

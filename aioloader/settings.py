@@ -80,7 +80,7 @@ class Setting:
             default of the dataclass it lands in).
         option: the flag's name when it is not ``name`` (``--model`` for ``models``).
         action: the flag's ``argparse`` action (``"append"``, ``"store_true"``).
-        blank_unset: an empty variable counts as unset.
+        blank_unset: an empty variable (``""``) counts as unset.
     """
 
     name: str
