@@ -17,10 +17,13 @@ from . import __version__
 from .api import Loader, ModelInfo
 from .config import MiB, format_size
 from .dtypes import import_torch
+from .environment import resolve
 from .errors import LoaderError
 from .options import KEYWORDS
 
 __all__ = ["main"]
+
+_CACHE_DIR = next(k for k in KEYWORDS if k.name == "cache_dir")
 
 # A tensor that holds more than this share of its file leaves the parallel
 # readers little to share (one huge tensor is read by chunks, but its neighbours
@@ -214,7 +217,7 @@ async def _fetch(args: argparse.Namespace) -> int:
 
 def _cache_folder(args: argparse.Namespace) -> str | None:
     """The cache folder ``cache verify`` checks; None after saying why there is none."""
-    root: str | None = args.cache_dir or os.environ.get("AIOLOADER_CACHE_DIR")
+    root = resolve(_CACHE_DIR, args.cache_dir)
     if not root:
         problem = "give the cache folder with --cache-dir or AIOLOADER_CACHE_DIR"
     elif not os.path.isdir(root):
@@ -223,7 +226,7 @@ def _cache_folder(args: argparse.Namespace) -> str | None:
             "check --cache-dir / AIOLOADER_CACHE_DIR"
         )
     else:
-        return root
+        return str(root)
     print(f"aioloader: error: {problem}", file=sys.stderr)
     return None
 
@@ -295,7 +298,9 @@ def _parser() -> argparse.ArgumentParser:
         help="hash cached files again; remove and report those whose bytes changed",
         description="Exits 1 when a file is corrupt (it is removed) or a URL is not cached.",
     )
-    verify.add_argument("--cache-dir", help="the cache folder [AIOLOADER_CACHE_DIR]", metavar="DIR")
+    verify.add_argument(
+        _CACHE_DIR.flag, help=f"the cache folder [{_CACHE_DIR.variable}]", metavar="DIR"
+    )
     verify.add_argument("url", nargs="*", help="cached file URLs to check (default: all)")
 
     from .daemon.config import add_arguments

@@ -192,7 +192,7 @@ class Limits:
         memory_limit: bytes allowed in flight and in staging at once. ``None``
             derives it from the container's memory limit (cgroup v2, v1, else RAM):
             an eighth of it, at most 2 GiB. An explicit value above what the
-            container allows is refused.
+            container allows is refused by ``staging_bytes``, when a load asks.
     """
 
     concurrency: int = DEFAULT_CONCURRENCY
@@ -207,15 +207,26 @@ class Limits:
         if chunk < 4 * KiB:
             raise ConfigError(f"chunk_size must be at least 4 KiB, got {chunk} bytes")
         object.__setattr__(self, "chunk_size", chunk)
-        # The ceiling is read afresh and not kept: this value holds settings, not the host.
-        budget = staging_budget(self.memory_limit, detect_memory_limit())
-        object.__setattr__(self, "memory_limit", budget)
+        if self.memory_limit is not None:
+            budget = parse_size(self.memory_limit, what="memory_limit")
+            if budget < MIN_MEMORY_LIMIT:
+                raise ConfigError(
+                    f"memory_limit must be at least {format_size(MIN_MEMORY_LIMIT)}, "
+                    f"got {budget} bytes"
+                )
+            object.__setattr__(self, "memory_limit", budget)
 
     @property
     def staging_bytes(self) -> int:
-        """The resolved staging budget in bytes."""
-        assert self.memory_limit is not None
-        return self.memory_limit
+        """The staging budget in bytes, within what this process may use now.
+
+        The container's ceiling is read here, where a load needs it, and not kept:
+        this value holds settings, not the host; making one reads nothing.
+
+        Raises:
+            ConfigError: ``memory_limit`` is not below the ceiling.
+        """
+        return staging_budget(self.memory_limit, detect_memory_limit())
 
     @property
     def read_size(self) -> int:
@@ -305,7 +316,8 @@ class S3Options:
         region: the signing region (default ``us-east-1``).
         addressing: ``"path"`` (``endpoint/bucket/key``), ``"virtual"``
             (``bucket.endpoint/key``) or ``"auto"``: path-style for custom
-            endpoints, virtual-hosted on AWS. ``AIOLOADER_S3_ADDRESSING`` overrides.
+            endpoints, virtual-hosted on AWS. ``AIOLOADER_S3_ADDRESSING`` sets it when
+            neither this object nor ``s3_addressing=`` is given.
         anonymous: send unsigned requests (public buckets). Also used when no
             credentials are found at all.
         profile: a profile from the shared AWS config files.

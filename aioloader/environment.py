@@ -1,67 +1,100 @@
-"""``AIOLOADER_*`` variables that nothing reads: a misspelt setting is said, once.
+"""Reading settings from the environment: the one place ``AIOLOADER_*`` is read.
 
-A misspelt one (``CONCURENCY`` for ``AIOLOADER_CONCURRENCY``) would otherwise be ignored
-without a word and the load run with the default. The names known are those of the
-tables that read them: the load options (``options.KEYWORDS``), the daemon's arguments
-(``daemon/config.py``, whose help texts name each variable in brackets) and
-``READ_DIRECTLY``, the few that one module reads itself (tests/test_environment.py
-checks that these cover every name in the package). A warning names the variable,
-never its value (it may be a secret).
+``from_environment`` reads a row's variable (settings.py); ``resolve`` applies the one
+precedence: an explicit value > the environment > the row's default. A misspelt
+variable (``CONCURENCY`` for ``CONCURRENCY``) would otherwise be ignored
+without a word and the load run with the default: ``warn_unknown_variables`` says it,
+once, naming the closest variable that a row reads, never its value (it may be a secret).
 """
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import functools
-import re
+import os
 from collections.abc import Mapping
+from typing import Any
 
+from .errors import ConfigError
 from .redact import redacting_logger
+from .settings import ROWS, Setting
 
-__all__ = ["PREFIX", "READ_DIRECTLY", "known_variables", "warn_unknown_variables"]
+__all__ = [
+    "PREFIX",
+    "from_environment",
+    "known_variables",
+    "resolve",
+    "resolve_where",
+    "warn_unknown_variables",
+]
 
 logger = redacting_logger(__name__)
 
 PREFIX = "AIOLOADER_"
 
-READ_DIRECTLY = frozenset(
-    {
-        "AIOLOADER_CHECK_ETAG",  # cache/model_cache.py
-        "AIOLOADER_S3_ADDRESSING",  # sources/s3/signer.py
-        "AIOLOADER_AZURE_IDENTITY",  # sources/azure/signer.py
-    }
-)
-"""Variables read by one module of their own rather than through a table."""
-
-_NAME = re.compile(r"AIOLOADER_[A-Z0-9_]*[A-Z0-9]")
 _warned: set[str] = set()
 
 
-def _load_variables() -> frozenset[str]:
-    from .options import KEYWORDS
-
-    return frozenset(k.variable for k in KEYWORDS if k.env) | READ_DIRECTLY
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
 
 
-@functools.cache
+def from_environment(row: Setting, environ: Mapping[str, str] | None = None) -> Any:
+    """The value of ``row``'s variable in ``environ`` (``None``: this process's), parsed;
+    ``None`` when it is not set (or, for a row that says so, empty) or has no text form.
+
+    Raises:
+        ConfigError: naming the variable, when its text does not parse.
+    """
+    text = _environ(environ).get(row.variable) if row.env else None
+    if text is None or row.parse is None or (row.blank_unset and text == ""):
+        return None
+    try:
+        return row.parse(text)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(
+            f"{row.variable}={text!r:.80} is not a valid {row.name} ({row.help}): {exc}"
+        ) from None
+
+
+def resolve_where(
+    row: Setting, given: Any = None, environ: Mapping[str, str] | None = None
+) -> tuple[Any, str | None]:
+    """``row``'s value and where it came from: ``given`` (``None`` counts as not given,
+    named by the flag), else the environment (named by the variable), else the default
+    (``None``).
+
+    Raises:
+        ConfigError: the variable is set and does not parse.
+    """
+    if given is not None:
+        return given, row.flag
+    value = from_environment(row, environ)
+    if value is not None:
+        return value, row.variable
+    return row.default, None
+
+
+def resolve(row: Setting, given: Any = None, environ: Mapping[str, str] | None = None) -> Any:
+    """``given`` if not ``None``, else ``row``'s variable, else the row's default.
+
+    Raises:
+        ConfigError: the variable is set and does not parse.
+    """
+    return resolve_where(row, given, environ)[0]
+
+
 def known_variables() -> frozenset[str]:
-    """Every ``AIOLOADER_*`` variable aioloader reads: a load's and the daemon's."""
-    from .daemon.config import add_arguments  # pure: no aiohttp, no server
-
-    parser = argparse.ArgumentParser(add_help=False)
-    add_arguments(parser)
-    return _load_variables() | frozenset(_NAME.findall(parser.format_help()))
+    """Every variable aioloader reads: those of the rows of settings.py."""
+    return frozenset(row.variable for row in ROWS if row.env)
 
 
-def warn_unknown_variables(environ: Mapping[str, str]) -> None:
-    """Log a warning for each ``AIOLOADER_*`` variable of ``environ`` that aioloader does
-    not read, naming the known one closest to it; each name once per process."""
-    names = [n for n in environ if n.startswith(PREFIX) and n not in _warned]
-    if not names:
-        return
-    cheap = _load_variables()
-    names = [n for n in names if n not in cheap]
+def warn_unknown_variables(environ: Mapping[str, str] | None = None) -> None:
+    """Log a warning for each variable of ``environ`` named ``PREFIX...`` (``None``: this
+    process's) that aioloader does not read, naming the known one closest to it; each
+    name once per process."""
+    names = [n for n in _environ(environ) if n.startswith(PREFIX) and n not in _warned]
     if not names:
         return
     known = known_variables()

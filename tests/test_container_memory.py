@@ -71,9 +71,11 @@ def test_limit_above_container_is_refused() -> None:
         staging_budget("40GB", MemoryLimit(32 * GiB, "cgroup v2 /x/memory.max"))
     message = str(info.value)
     assert "OOM" in message and "/x/memory.max" in message and "--memory-limit 16GiB" in message
-    # Limits reads this process's own ceiling and refuses the same way.
+    # Limits reads this process's own ceiling when a load asks for the budget, and
+    # refuses the same way.
+    too_much = Limits(memory_limit=detect_memory_limit().bytes)
     with pytest.raises(ConfigError, match="OOM"):
-        Limits(memory_limit=detect_memory_limit().bytes)
+        too_much.staging_bytes  # noqa: B018
 
 
 def test_explicit_limit_below_container_is_kept() -> None:

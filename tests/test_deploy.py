@@ -18,7 +18,7 @@ import yaml
 
 import aioloader
 from aioloader.daemon import app
-from aioloader.daemon.config import _OPTIONS, DEFAULT_GRACE_PERIOD, DEFAULT_PORT
+from aioloader.daemon.config import DAEMON, DEFAULT_GRACE_PERIOD, DEFAULT_PORT
 from aioloader.vllm import KEYS
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -37,10 +37,7 @@ SCHEME_EXTRAS: dict[str, dict[str, str]] = {
     "gs": {"gcs": "gcs"},
     "hf": {"hf": "hf"},
 }
-DAEMON_VARIABLES = {env for _, env, _ in _OPTIONS} | {
-    "AIOLOADER_MODELS",
-    "AIOLOADER_ALLOW_PREFIXES",
-}
+DAEMON_VARIABLES = {row.variable for row in DAEMON}
 
 
 def _load(path: Path) -> dict[str, Any]:

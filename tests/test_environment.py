@@ -68,16 +68,28 @@ def test_the_daemons_variables_are_known_and_its_typos_named(
     assert warning.startswith("AIOLOADER_MAX_DOWNLOAD ") and "AIOLOADER_MAX_DOWNLOADS?" in warning
 
 
-def test_every_variable_the_package_reads_is_known() -> None:
-    """The known names come from the tables; a module that reads one of its own must
-    list it in environment.READ_DIRECTLY, or every user of it would be warned."""
+def test_every_variable_the_package_names_is_a_row() -> None:
+    """The known names are the rows of settings.py: a variable the package names (in a
+    message, a docstring) and no row reads would be warned of as unknown."""
     from aioloader.environment import known_variables
+    from aioloader.settings import ROWS
 
     named = set()
     for path in PACKAGE.rglob("*.py"):
         named |= set(re.findall(r"AIOLOADER_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
     assert named - known_variables() == set()
+    assert known_variables() == {row.variable for row in ROWS if row.env}
     assert {k.variable for k in KEYWORDS if k.env} <= known_variables()
+
+
+def test_only_the_environment_module_reads_the_environment() -> None:
+    """One reader: no other module looks a variable of aioloader's up by itself."""
+    readers = set()
+    for path in PACKAGE.rglob("*.py"):
+        for line in path.read_text().splitlines():
+            if re.search(r"environ|getenv", line) and "AIOLOADER_" in line:
+                readers.add(path.relative_to(PACKAGE).as_posix())
+    assert readers <= {"environment.py"}
 
 
 def test_the_command_line_says_a_misspelt_variable(tmp_path: Path) -> None:

@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Unpack
 
+from ..environment import resolve
 from ..errors import ConfigError
 from ..options import LoadKeywords, LoadOptions
 from ..redact import redact, redacting_logger
+from ..settings import CHECK_ETAG
 from ..threads import Lane, run_blocking
 from . import commit
 from .entry import EntryFiles, cache_error
@@ -58,18 +60,6 @@ class _Counters:
 class _Flight:
     task: asyncio.Task[CachedModel]
     waiters: int = 0
-
-
-def _check_etag_from_env() -> bool:
-    value = os.environ.get("AIOLOADER_CHECK_ETAG", "").strip().lower()
-    if value in ("", "1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(
-        f"AIOLOADER_CHECK_ETAG={value!r} is not a switch: set it to 0 (do not check "
-        "downloads against ETags that look like MD5s) or 1 (check them, the default)"
-    )
 
 
 _NOT_FOR_FETCH = ("device", "framework", "group", "cache_dir")
@@ -126,7 +116,7 @@ class ModelCache:
                 f"lock_stall must be a positive number of seconds, not {lock_stall!r}"
             )
         self.eviction = Eviction(self.root, max_bytes)
-        self.check_etag = _check_etag_from_env() if check_etag is None else bool(check_etag)
+        self.check_etag = bool(resolve(CHECK_ETAG, check_etag))
         self.lock_stall = float(lock_stall)
         self._flights: dict[tuple[str, ...], _Flight] = {}
         self._counters = _Counters()

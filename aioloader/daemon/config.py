@@ -1,5 +1,8 @@
 """Settings of ``aioloader serve``, from the command line or the environment.
 
+The flags are the rows of ``settings.DAEMON``; each row's text (the flag's, else its
+variable's) is checked and converted here, naming where it came from.
+
 Pure and cheap to import: ``aioloader --help`` reads the arguments from here
 without pulling in aiohttp or prometheus-client.
 """
@@ -8,13 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..config import MAX_SECONDS, check_number, parse_size
-from ..environment import warn_unknown_variables
+from ..environment import resolve_where, warn_unknown_variables
 from ..errors import ConfigError
+from ..settings import DAEMON
 from .allow import AllowList
 from .auth import read_token
 from .bandwidth import check_bandwidth
@@ -23,6 +28,7 @@ from .retry import DEFAULT_RETRY_BACKOFF, DEFAULT_RETRY_BACKOFF_MAX, Backoff
 
 __all__ = [
     "DaemonConfig",
+    "DAEMON",
     "add_arguments",
     "config_from_args",
     "default_cache_dir",
@@ -130,84 +136,25 @@ class DaemonConfig:
         )
 
 
-# (flag, environment variable, help)
-_OPTIONS: tuple[tuple[str, str, str], ...] = (
-    ("--host", "AIOLOADER_HOST", f"address to listen on (default {DEFAULT_HOST})"),
-    ("--port", "AIOLOADER_PORT", f"port to listen on (default {DEFAULT_PORT})"),
-    ("--cache-dir", "AIOLOADER_CACHE_DIR", "cache folder (default ~/.cache/aioloader)"),
-    ("--max-cache-bytes", "AIOLOADER_MAX_CACHE_BYTES", "cache size limit, e.g. 200GiB"),
-    (
-        "--token",
-        "AIOLOADER_TOKEN",
-        "bearer token required on /v1/*, 16 characters or more, e.g. from `openssl rand -hex "
-        "32` (prefer the env var; surrounding whitespace is stripped)",
-    ),
-    ("--concurrency", "AIOLOADER_CONCURRENCY", "reads in flight per download"),
-    (
-        "--max-downloads",
-        "AIOLOADER_MAX_DOWNLOADS",
-        "models downloading at once, highest priority first (default 2)",
-    ),
-    (
-        "--max-bandwidth",
-        "AIOLOADER_MAX_BANDWIDTH",
-        "bytes per second all downloads share, e.g. 500MB/s (default 0: no cap)",
-    ),
-    ("--grace-period", "AIOLOADER_GRACE_PERIOD", "seconds from SIGTERM to exit (default 25)"),
-    (
-        "--retry-backoff",
-        "AIOLOADER_RETRY_BACKOFF",
-        f"seconds before a failed preload is tried again; doubles per failure "
-        f"(default {DEFAULT_RETRY_BACKOFF:g})",
-    ),
-    (
-        "--retry-backoff-max",
-        "AIOLOADER_RETRY_BACKOFF_MAX",
-        f"longest wait between tries of a failed preload (default {DEFAULT_RETRY_BACKOFF_MAX:g})",
-    ),
-    (
-        "--max-connections",
-        "AIOLOADER_MAX_CONNECTIONS",
-        f"client connections held at once; past it the longest idle one is closed "
-        f"(default {DEFAULT_MAX_CONNECTIONS}, at most half the open-file limit)",
-    ),
-    (
-        "--client-timeout",
-        "AIOLOADER_CLIENT_TIMEOUT",
-        f"seconds a client has to send a request's headers, and its body "
-        f"(default {DEFAULT_CLIENT_TIMEOUT:g})",
-    ),
-)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``aioloader serve``; each flag also reads an environment variable."""
-    for flag, env, text in _OPTIONS:
-        parser.add_argument(flag, help=f"{text} [{env}]")
-    parser.add_argument(
-        "--model",
-        action="append",
-        metavar="URL",
-        help="preload this model and keep it cached (repeatable); 'URL priority=N' downloads "
-        "it before lower priorities (default 0) [AIOLOADER_MODELS, comma-separated]",
-    )
-    parser.add_argument(
-        "--allow-prefix",
-        action="append",
-        metavar="PREFIX",
-        help="accept only URLs under a prefix, such as s3://bucket/models/ (repeatable) "
-        "[AIOLOADER_ALLOW_PREFIXES, comma-separated]",
-    )
-    parser.add_argument(
-        "--no-auth",
-        action="store_true",
-        default=None,
-        help="serve /v1/* without a token, on purpose [AIOLOADER_NO_AUTH=1]",
-    )
+    """The flags of ``aioloader serve``, one per row of ``settings.DAEMON``; each also
+    reads its environment variable, named in brackets."""
+    for row in DAEMON:
+        variable = row.variable
+        if row.action == "append":
+            variable += ", comma-separated"
+        elif row.action == "store_true":
+            variable += "=1"
+        extra: dict[str, Any] = {"action": row.action} if row.action else {}
+        if row.action == "store_true":
+            extra["default"] = None  # not given: the variable decides
+        if row.action == "append":
+            extra["metavar"] = "URL" if row.name == "models" else "PREFIX"
+        parser.add_argument(row.flag, help=f"{row.help} [{variable}]", dest=row.dest, **extra)
 
 
-def _split(value: str | None) -> tuple[str, ...]:
-    return tuple(part.strip() for part in (value or "").split(",") if part.strip())
+# A row's types say which of its texts are numbers, and which kind.
+_NUMBERS: dict[tuple[type, ...], type[int] | type[float]] = {(int,): int, (int, float): float}
 
 
 def _number(value: str | None, kind: type[int] | type[float], what: str) -> int | float | None:
@@ -265,75 +212,55 @@ def _flag(value: str | None, what: str) -> bool:
 
 
 def config_from_args(
-    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> DaemonConfig:
-    """A DaemonConfig: each flag, else its environment variable, else the default.
+    """A DaemonConfig: each flag, else its environment variable, else the default
+    (``environ``: ``None`` for this process's).
 
     Raises:
-        ConfigError: a value cannot be read.
+        ConfigError: a value cannot be read; naming the flag or the variable.
     """
-    warn_unknown_variables(environ)  # a misspelt AIOLOADER_* is said at startup
-
-    def pick(attr: str, env: str) -> str | None:
-        value: str | None = getattr(args, attr, None)
-        return value if value is not None else environ.get(env)
-
-    models: Sequence[str] = args.model or _split(environ.get("AIOLOADER_MODELS"))
-    prefixes: Sequence[str] = args.allow_prefix or _split(environ.get("AIOLOADER_ALLOW_PREFIXES"))
-    where = "--model" if args.model else "AIOLOADER_MODELS"
+    warn_unknown_variables(environ)  # a misspelt variable is said at startup
+    text: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for row in DAEMON:
+        value, source = resolve_where(row, getattr(args, row.dest, None), environ)
+        text[row.name], where[row.name] = value, source or row.flag
     preloads: dict[str, int] = {}
-    for text in models:
-        if text.strip():
-            url, priority = parse_preload(text, where)
+    for item in text["models"] or ():
+        if item.strip():
+            url, priority = parse_preload(item, where["models"])
             preloads.setdefault(url, priority)  # a URL given twice keeps its first entry
-    bandwidth = pick("max_bandwidth", "AIOLOADER_MAX_BANDWIDTH")
-    bandwidth_what = (
-        "--max-bandwidth"
-        if getattr(args, "max_bandwidth", None) is not None
-        else "AIOLOADER_MAX_BANDWIDTH"
-    )
-    max_bytes = pick("max_cache_bytes", "AIOLOADER_MAX_CACHE_BYTES")
-    cache_dir = pick("cache_dir", "AIOLOADER_CACHE_DIR")
-    port = _number(pick("port", "AIOLOADER_PORT"), int, "port")
-    concurrency = _number(pick("concurrency", "AIOLOADER_CONCURRENCY"), int, "concurrency")
-    downloads = _number(pick("max_downloads", "AIOLOADER_MAX_DOWNLOADS"), int, "max downloads")
-    grace = _number(pick("grace_period", "AIOLOADER_GRACE_PERIOD"), float, "grace period")
-    backoff = _number(pick("retry_backoff", "AIOLOADER_RETRY_BACKOFF"), float, "retry backoff")
-    backoff_max = _number(
-        pick("retry_backoff_max", "AIOLOADER_RETRY_BACKOFF_MAX"), float, "retry backoff max"
-    )
-    connections = _number(
-        pick("max_connections", "AIOLOADER_MAX_CONNECTIONS"), int, "max connections"
-    )
-    client_timeout = _number(
-        pick("client_timeout", "AIOLOADER_CLIENT_TIMEOUT"), float, "client timeout"
-    )
-    no_auth = bool(getattr(args, "no_auth", None)) or _flag(
-        environ.get("AIOLOADER_NO_AUTH"), "AIOLOADER_NO_AUTH"
-    )
-    token_where = "--token" if getattr(args, "token", None) is not None else "AIOLOADER_TOKEN"
-    token = read_token(pick("token", "AIOLOADER_TOKEN"), token_where, no_auth=no_auth)
+    no_auth = text["no_auth"] is True or _flag(text["no_auth"], where["no_auth"])
+    token = read_token(text["token"], where["token"], no_auth=no_auth)
+    bandwidth, max_bytes = text["max_bandwidth"], text["max_cache_bytes"]
+    home = os.environ if environ is None else environ
+    numbers = {
+        row.name: _number(text[row.name], kind, row.name.replace("_", " "))
+        for row in DAEMON
+        if (kind := _NUMBERS.get(row.types))
+    }
     return DaemonConfig(
-        host=pick("host", "AIOLOADER_HOST") or DEFAULT_HOST,
-        port=int(port) if port is not None else DEFAULT_PORT,
-        cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(environ),
+        host=text["host"] or DEFAULT_HOST,
+        port=_or(numbers["port"], DEFAULT_PORT),
+        cache_dir=Path(text["cache_dir"]) if text["cache_dir"] else default_cache_dir(home),
         max_cache_bytes=parse_size(max_bytes, what="max cache bytes") if max_bytes else None,
         models=tuple(preloads),
         priorities=tuple((url, p) for url, p in preloads.items() if p),
         token=token.value,
         no_auth=no_auth,
         notes=token.notes,
-        allow_prefixes=tuple(prefixes),
-        concurrency=int(concurrency) if concurrency is not None else None,
-        max_downloads=int(downloads) if downloads is not None else DEFAULT_MAX_DOWNLOADS,
-        max_bandwidth=parse_bandwidth(bandwidth, bandwidth_what) if bandwidth else 0,
-        grace_period=float(grace) if grace is not None else DEFAULT_GRACE_PERIOD,
-        retry_backoff=float(backoff) if backoff is not None else DEFAULT_RETRY_BACKOFF,
-        retry_backoff_max=(
-            float(backoff_max) if backoff_max is not None else DEFAULT_RETRY_BACKOFF_MAX
-        ),
-        max_connections=(int(connections) if connections is not None else DEFAULT_MAX_CONNECTIONS),
-        client_timeout=(
-            float(client_timeout) if client_timeout is not None else DEFAULT_CLIENT_TIMEOUT
-        ),
+        allow_prefixes=tuple(text["allow_prefixes"] or ()),
+        concurrency=_or(numbers["concurrency"], None),
+        max_downloads=_or(numbers["max_downloads"], DEFAULT_MAX_DOWNLOADS),
+        max_bandwidth=parse_bandwidth(bandwidth, where["max_bandwidth"]) if bandwidth else 0,
+        grace_period=_or(numbers["grace_period"], DEFAULT_GRACE_PERIOD),
+        retry_backoff=_or(numbers["retry_backoff"], DEFAULT_RETRY_BACKOFF),
+        retry_backoff_max=_or(numbers["retry_backoff_max"], DEFAULT_RETRY_BACKOFF_MAX),
+        max_connections=_or(numbers["max_connections"], DEFAULT_MAX_CONNECTIONS),
+        client_timeout=_or(numbers["client_timeout"], DEFAULT_CLIENT_TIMEOUT),
     )
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value

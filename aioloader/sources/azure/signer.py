@@ -28,8 +28,10 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import Executor
 from typing import Any
 
+from ...environment import resolve
 from ...errors import ConfigError
 from ...redact import redact
+from ...settings import AZURE_IDENTITY
 from ...threads import run_in
 from ..http.signer import reason_of
 from .settings import AzureSettings
@@ -48,8 +50,12 @@ class AzureSigner:
     follow_redirects = False
     encoded_urls = True
 
-    def __init__(self, lane: Executor) -> None:
+    def __init__(self, lane: Executor, identity: bool | None = None) -> None:
+        """``identity``: ask azure-identity for a token when no SAS or key applies
+        (``None``: ``AIOLOADER_AZURE_IDENTITY``); it is asked anyway when an identity is
+        named (``AZURE_CLIENT_ID`` ...)."""
         self._lane = lane  # credential calls block: they run here
+        self._identity = identity
         self._lock = asyncio.Lock()
         self._credential: Any = None
         self._token: Any = None
@@ -85,7 +91,7 @@ class AzureSigner:
                     f"with a read-only SAS made from the account key of {where.account} "
                     f"(from {settings.key_from})"
                 )
-            elif _identity_wanted():
+            elif _identity_wanted(self._identity):
                 self._credential = await run_in(self._lane, _default_credential)
                 self._mode, self.described = "token", "with DefaultAzureCredential (azure-identity)"
             else:
@@ -141,11 +147,9 @@ class AzureSigner:
         )
 
 
-def _identity_wanted() -> bool:
+def _identity_wanted(given: bool | None) -> bool:
     names = ("AZURE_CLIENT_ID", "AZURE_FEDERATED_TOKEN_FILE", "IDENTITY_ENDPOINT")
-    return os.environ.get("AIOLOADER_AZURE_IDENTITY") == "1" or any(
-        os.environ.get(n) for n in names
-    )
+    return bool(resolve(AZURE_IDENTITY, given)) or any(os.environ.get(n) for n in names)
 
 
 def _default_credential() -> Any:

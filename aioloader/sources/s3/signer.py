@@ -108,7 +108,7 @@ class S3Signer:
         """Resolve endpoint, region and credentials, once and off the event loop.
 
         Raises:
-            ConfigError: botocore is missing, or the addressing setting is wrong.
+            ConfigError: botocore is missing, or virtual-hosted addressing meets an IP endpoint.
         """
         if self._ready:
             return
@@ -130,11 +130,7 @@ class S3Signer:
             or os.environ.get("AWS_ENDPOINT_URL")
         )
         region = options.region or session.get_config_variable("region") or "us-east-1"
-        addressing = os.environ.get("AIOLOADER_S3_ADDRESSING") or options.addressing
-        if addressing not in ("auto", "path", "virtual"):
-            raise ConfigError(
-                f"AIOLOADER_S3_ADDRESSING must be 'path', 'virtual' or 'auto', got {addressing!r}"
-            )
+        addressing = options.addressing  # checked by S3Options
         self.path_style = addressing == "path" or (addressing == "auto" and endpoint is not None)
         self.endpoint = (endpoint or f"https://s3.{region}.amazonaws.com").rstrip("/")
         if not self.path_style and _is_ip_address(self.endpoint):
@@ -143,7 +139,8 @@ class S3Signer:
             raise ConfigError(
                 f"virtual-hosted S3 addressing puts the bucket in the host name, which the "
                 f"endpoint {self.endpoint} (an IP address) cannot have; use path-style "
-                "addressing: AIOLOADER_S3_ADDRESSING=path or S3Options(addressing='path')"
+                "addressing: s3_addressing='path' (AIOLOADER_S3_ADDRESSING=path, or "
+                "S3Options(addressing='path'))"
             )
         self.region = region
         self._ca_bundle = os.environ.get("AWS_CA_BUNDLE") or session.get_config_variable(
