@@ -23,12 +23,12 @@ after its caller was cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TypeVar
 
 from ..errors import CacheError, ClosedError
 from ..redact import redacting_logger
-from ..sources.base import Blob, Source, aclose_all
+from ..sources.base import Blob, CacheOutcome, ForwardingBlob, Source, aclose_all
 from ..sources.file import FileSource
 from ..threads import Lane, Lanes, run_blocking
 from .claim import BUSY, Claim, claim
@@ -48,10 +48,8 @@ logger = redacting_logger(__name__)
 T = TypeVar("T")
 
 
-class _LocalBlob(Blob):
+class _LocalBlob(ForwardingBlob):
     """A complete entry's data, read under the remote URL while holding its ``use`` lock."""
-
-    cache_outcome = "hit"  # for the load's report (report.py)
 
     def __init__(
         self,
@@ -61,28 +59,29 @@ class _LocalBlob(Blob):
         use: FileLock | None,
         version: Version,
     ) -> None:
+        super().__init__(local)
         self.url = url
-        self.size = local.size
-        self.etag = version.etag  # the version, for the ranks of a group
+        self.etag = version.etag  # the remote's version, for the ranks of a group
         self.last_modified = version.last_modified
         self._source = source
-        self._local = local
         self._use = use
         source.track(self)
 
     def __repr__(self) -> str:
-        return f"<cached {self._local!r} for {self.url!r}>"
+        return f"<cached {self.inner!r} for {self.url!r}>"
 
-    async def read_bytes(self, offset: int, length: int) -> bytes:
-        return await self._local.read_bytes(offset, length)
+    @property
+    def cache_outcome(self) -> CacheOutcome | None:
+        return "hit"
 
-    async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        await self._local.read_into(offset, buffers)
+    async def check_unchanged(self) -> None:
+        """Nothing to check: the entry is complete, and its ``use`` lock keeps eviction
+        away (without one, the descriptor keeps the bytes that were opened)."""
 
     async def aclose(self) -> None:
         self._source.untrack(self)
         try:
-            await self._local.aclose()
+            await self.inner.aclose()
         finally:
             if self._use is not None:
                 self._use.release()

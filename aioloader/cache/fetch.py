@@ -50,7 +50,7 @@ REMOTE_SCHEMES = frozenset({"http", "https", "s3", "gs", "az", "hf"})
 
 def version_of(blob: Blob) -> Version:
     """The size and validators a remote blob reported when it was opened."""
-    return Version(blob.size, getattr(blob, "etag", None), getattr(blob, "last_modified", None))
+    return Version(blob.size, blob.etag, blob.last_modified)
 
 
 def _etag_is_not_a_digest(headers: Mapping[str, str]) -> bool:

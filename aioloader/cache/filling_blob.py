@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..errors import ClosedError, DigestMismatchError
-from ..sources.base import Blob, clip
+from ..sources.base import Blob, CacheOutcome, ForwardingBlob, clip
 from . import commit
 from .claim import Claim
 from .entry import cache_error, discard_quietly
@@ -40,14 +40,12 @@ class WriteMode(Protocol):
         """Take bytes just read from the remote into the caller's ``views``."""
 
 
-class FillingBlob(Blob):
+class FillingBlob(ForwardingBlob):
     """A remote blob whose bytes are also written into the entry's partial file.
 
     When a write finds the cache full, the blob stops caching (``partial`` is None)
     and reads on from the remote; ``aclose`` then deletes the partial files.
     """
-
-    cache_outcome = "miss"  # for the load's report (report.py)
 
     def __init__(
         self,
@@ -57,15 +55,11 @@ class FillingBlob(Blob):
         lock: Claim,
         mode: WriteMode,
     ) -> None:
-        self.url = remote.url
-        self.size = remote.size
-        self.etag = getattr(remote, "etag", None)  # the version, for the ranks of a group
-        self.last_modified = getattr(remote, "last_modified", None)
+        super().__init__(remote)
         self.cache: CacheProtocol = source.cache
         self.partial: PartialFile | None = partial
         self.later = LaterWrites()
         self._source = source
-        self._remote = remote
         self._owned = partial
         self._lock = lock
         self._mode = mode
@@ -74,7 +68,11 @@ class FillingBlob(Blob):
 
     def __repr__(self) -> str:
         have = self.partial.done.total if self.partial is not None else "uncached"
-        return f"<caching {self._remote!r} have={have}/{self.size}>"
+        return f"<caching {self.inner!r} have={have}/{self.size}>"
+
+    @property
+    def cache_outcome(self) -> CacheOutcome | None:
+        return "miss"
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` in the source's threads (the blob must be open)."""
@@ -95,7 +93,7 @@ class FillingBlob(Blob):
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
         partial = self.partial
         if partial is None:
-            await self._remote.read_into(offset, buffers)
+            await self.inner.read_into(offset, buffers)
             return
         views = clip(buffers, self.size - offset)
         end = offset + sum(v.nbytes for v in views)
@@ -106,7 +104,7 @@ class FillingBlob(Blob):
                 raise cache_error(exc, self.cache.root, f"reading the cache of {self.url}") from exc
             return
         try:
-            await self._remote.read_into(offset, buffers)
+            await self.inner.read_into(offset, buffers)
         except DigestMismatchError:
             self.partial = None  # refused by its source: closing deletes what was cached
             raise
@@ -134,7 +132,7 @@ class FillingBlob(Blob):
         self._source.untrack(self)
         handed_off = False
         try:
-            await self._remote.aclose()
+            await self.inner.aclose()
             partial = self.partial
             if partial is not None:
                 # The tensors are out: what is left (writing the queued ranges, then

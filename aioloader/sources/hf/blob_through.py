@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from ...cache.ranges import RangeSet
 from ...threads import Lane, run_blocking
-from ..base import Blob, clip
+from ..base import Blob, ForwardingBlob, clip
 from .blob_writer import CHUNK, WeightFile, blob_digest, committed, publish
 from .hf_cache import sweep_temporaries, temporary_name
 
@@ -90,7 +90,7 @@ class TemporaryBlob:
         return False
 
 
-class WritingBlob(Blob):
+class WritingBlob(ForwardingBlob):
     """A Hub file's blob whose reads are written into a ``TemporaryBlob`` before they
     return (see the module). ``settle`` receives the job that ends the file once the
     blob is closed and no write runs: publish it when read whole, else discard it."""
@@ -102,10 +102,7 @@ class WritingBlob(Blob):
         lane: Lane,
         settle: Callable[[Callable[[], bool]], None],
     ) -> None:
-        self.url = inner.url
-        self.size = inner.size
-        self.etag = getattr(inner, "etag", None)
-        self._inner = inner
+        super().__init__(inner)
         self._file: TemporaryBlob | None = file
         self._lane = lane
         self._settle = settle
@@ -115,19 +112,16 @@ class WritingBlob(Blob):
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<writing {self._inner!r} written={self._written.total}/{self.size}>"
+        return f"<writing {self.inner!r} written={self._written.total}/{self.size}>"
 
     async def read_bytes(self, offset: int, length: int) -> bytes:
-        data = await self._inner.read_bytes(offset, length)
+        data = await self.inner.read_bytes(offset, length)
         await self._write(offset, [memoryview(data)])
         return data
 
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        await self._inner.read_into(offset, buffers)
+        await self.inner.read_into(offset, buffers)
         await self._write(offset, clip(buffers, self.size - offset))
-
-    async def check_unchanged(self) -> None:
-        await self._inner.check_unchanged()
 
     async def _write(self, offset: int, views: list[memoryview]) -> None:
         file = self._file
@@ -161,7 +155,7 @@ class WritingBlob(Blob):
             return
         self._closed = True
         try:
-            await self._inner.aclose()
+            await self.inner.aclose()
         finally:
             self._end()
 

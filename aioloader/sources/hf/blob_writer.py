@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...redact import redacting_logger
-from ..base import Blob, clip
+from ..base import Blob, ForwardingBlob, clip
 from .hf_cache import HfCache, sweep_temporaries, temporary_name
 from .snapshot import Snapshot
 
@@ -159,7 +159,7 @@ class WeightFile:
             self.warn(exc)
 
 
-class RecordingBlob(Blob):
+class RecordingBlob(ForwardingBlob):
     """A Hub file's blob that keeps what the load read, for ``on_close``.
 
     The views are the caller's memory (host tensors, which stay alive while the
@@ -167,35 +167,29 @@ class RecordingBlob(Blob):
     """
 
     def __init__(self, inner: Blob, on_close: Callable[[Ranges], None]) -> None:
-        self.url = inner.url
-        self.size = inner.size
-        self.etag = getattr(inner, "etag", None)
-        self._inner = inner
+        super().__init__(inner)
         self._ranges: Ranges = []
         self._on_close: Callable[[Ranges], None] | None = on_close
 
     def __repr__(self) -> str:
-        return f"<recording {self._inner!r} ranges={len(self._ranges)}>"
+        return f"<recording {self.inner!r} ranges={len(self._ranges)}>"
 
     async def read_bytes(self, offset: int, length: int) -> bytes:
-        data = await self._inner.read_bytes(offset, length)
+        data = await self.inner.read_bytes(offset, length)
         self._ranges.append((offset, memoryview(data)))
         return data
 
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        await self._inner.read_into(offset, buffers)
+        await self.inner.read_into(offset, buffers)
         for view in clip(buffers, self.size - offset):
             self._ranges.append((offset, view))
             offset += view.nbytes
-
-    async def check_unchanged(self) -> None:
-        await self._inner.check_unchanged()
 
     async def aclose(self) -> None:
         on_close, self._on_close = self._on_close, None
         ranges, self._ranges = self._ranges, []
         try:
-            await self._inner.aclose()
+            await self.inner.aclose()
         finally:
             if on_close is not None:
                 on_close(ranges)
