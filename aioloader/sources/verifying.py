@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cache.ranges import RangeSet
 from ..errors import DigestMismatchError
 from ..kept import BUFFERS_KEPT
+from ..ranges import RangeSet
 from ..redact import redacting_logger
 from ..threads import run_blocking
 from .base import Blob, ForwardingBlob, clip
