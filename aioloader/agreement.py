@@ -124,8 +124,8 @@ def identify(blobs: Sequence[Blob], headers: Sequence[FileHeader]) -> tuple[File
         FileIdentity(
             url=blob.url,
             size=blob.size,
-            etag=getattr(blob, "etag", None),
-            last_modified=getattr(blob, "last_modified", None),
+            etag=blob.etag,
+            last_modified=blob.last_modified,
             local=_local_identity(blob),
             tensors=_digest_table(header),
         )

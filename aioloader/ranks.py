@@ -154,11 +154,10 @@ class Group:
         """A read another rank sent: offer its bytes to the file's blob, as if read here
         (the node cache writes them, so an entry completes though this rank read only
         its share). Runs in the exchange's thread; never fails the load."""
-        received = getattr(self._blobs[read.span.file], "received", None)
-        if received is None or self._keep_failed:
+        if self._keep_failed:
             return
         try:
-            received(read.start, [data])
+            self._blobs[read.span.file].received(read.start, [data])
         except Exception as exc:
             # The other ranks wait for this one's next broadcast: the load goes on.
             self._keep_failed = True

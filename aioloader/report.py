@@ -4,21 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from .config import format_size
 from .redact import redact
 
+if TYPE_CHECKING:
+    from .sources.base import Blob
+
 __all__ = ["LoadReport", "cache_outcome"]
 
 
-def cache_outcome(blobs: Iterable[object]) -> str | None:
+def cache_outcome(blobs: Iterable[Blob]) -> str | None:
     """What the node cache did for a load's files: ``"hit"`` (every file from the cache),
     ``"miss"`` (none), ``"partial"`` (some), or None when no file went through a cache.
 
-    A blob opened through the cache says which it was in its ``cache_outcome``
-    attribute (a hit reads the cached copy, a miss fills it); others have none.
+    A blob opened through the cache says which it was in its ``cache_outcome`` (a hit
+    reads the cached copy, a miss fills it); others say None.
     """
-    outcomes = [getattr(blob, "cache_outcome", None) for blob in blobs]
+    outcomes = [blob.cache_outcome for blob in blobs]
     if not any(outcomes):
         return None
     if all(o == "hit" for o in outcomes):

@@ -298,7 +298,7 @@ class SharedPool:
 # Writes of a load's bytes into the cache after the load (cache/write_after.py):
 # O_DIRECT writes of whole reads, so a handful keeps the disk's queue full.
 CACHE_WRITES = SharedPool("cache-write", 8)
-# Settling entries once their writes are done (cache/commit.py): short, ordered per
+# Committing cache files once their writes are done (sinks/commits.py): short, ordered per
 # entry; two so that one slow fsync does not hold up another entry's.
 COMMITS = SharedPool("commit", 2)
 # The lanes whose threads outlive a load on purpose (see the module docstring).

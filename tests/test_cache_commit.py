@@ -32,13 +32,13 @@ _CHILD = """
 import asyncio, os, sys, threading
 from pathlib import Path
 from aioloader import load_model
-from aioloader.cache import commit
+from aioloader.sinks import commits
 
 url, root, die = sys.argv[1], sys.argv[2], sys.argv[3] == "--die"
 if die:
     never = threading.Event()
     for _ in range(4):
-        commit.submit(Path(root) / "elsewhere", never.wait)
+        commits.submit(Path(root) / "elsewhere", never.wait)
 tensors = asyncio.run(load_model(url, cache_dir=root))
 print(len(tensors), flush=True)
 if die:

@@ -21,7 +21,7 @@ import pytest
 from safetensors.torch import load_file
 
 from aioloader import ModelCache, load_model
-from aioloader.cache.ranges import RangeSet
+from aioloader.ranges import RangeSet
 from aioloader.sources.http.rules import PROBE_SIZE
 
 from .helpers import assert_matches_files, assert_same, write_file
@@ -32,14 +32,14 @@ _DIE_WRITING_META = """
 import asyncio, resource, signal, sys, threading
 from pathlib import Path
 from aioloader import ModelCache, load_model
-from aioloader.cache.ranges import RangeSet
-from aioloader.cache import commit
+from aioloader.ranges import RangeSet
+from aioloader.sinks import commits
 from aioloader.devices.staged import HostCopyEngine
 
 url, root = sys.argv[1], sys.argv[2]
 never = threading.Event()
 for _ in range(4):  # both commit threads, and then some
-    commit.submit(Path(root) / "elsewhere", never.wait)
+    commits.submit(Path(root) / "elsewhere", never.wait)
 asyncio.run(load_model(url, cache_dir=root, device=HostCopyEngine(), chunk_size="256KiB"))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from aioloader import DigestMismatchError, Loader, NotFoundError, load_model
-from aioloader.cache import commit
+from aioloader.sinks import commits
 from aioloader.sources.hf.cache_writes import wait_hf_cache
 
 from . import test_hf
@@ -157,13 +157,13 @@ async def test_a_tensor_changed_before_the_write_never_reaches_the_cache(
     started = [threading.Event() for _ in range(2)]
     other = tmp_path / "elsewhere"
     for event in started:
-        commit.submit(other, lambda e=event: (e.set(), gate.wait(30)))  # type: ignore[misc]
+        commits.submit(other, lambda e=event: (e.set(), gate.wait(30)))  # type: ignore[misc]
     for event in started:
         event.wait(10)
     got = await load_model(f"hf://{REPO}")
     got["w"][-1] = 12345.0  # past the header's probe, whose bytes are kept as read
     gate.set()
-    await commit.wait(other)
+    await commits.wait(other)
     await wait_hf_cache()
     digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
     assert not (tmp_path / "hf-cache" / "models--org--model" / "blobs" / digest).exists()

@@ -21,12 +21,12 @@ import pytest
 import torch
 
 from aioloader import DigestMismatchError, Loader, ReadError, wait_hf_cache
-from aioloader.cache import commit
 from aioloader.devices.staged import HostCopyEngine, StagedDevice
+from aioloader.sinks import commits
 from aioloader.sources.file import FileSource
-from aioloader.sources.hf.blob_through import open_writing
 from aioloader.sources.hf.blob_writer import WeightFile
 from aioloader.sources.hf.hf_cache import HfCache
+from aioloader.sources.hf.sink import filling
 from aioloader.sources.hf.snapshot import Snapshot
 from aioloader.threads import Lanes
 
@@ -263,12 +263,7 @@ async def test_ranges_read_twice_and_overlapping_make_one_right_blob(tmp_path: P
     with Lanes(4) as lanes:
         files = FileSource(lanes)
         try:
-            blob = await open_writing(
-                await files.open(str(path)),
-                target,
-                lanes.cache,
-                lambda job: commit.submit(cache.root, job),
-            )
+            blob = await filling(await files.open(str(path)), target, lanes.cache)
             buffers = [bytearray(end - start) for start, end in ranges]
             await asyncio.gather(
                 *(
@@ -279,7 +274,7 @@ async def test_ranges_read_twice_and_overlapping_make_one_right_blob(tmp_path: P
             await blob.aclose()
         finally:
             await files.aclose()
-    await commit.wait(cache.root)
+    await commits.wait(cache.root)
     assert all(b == data[s:e] for (s, e), b in zip(ranges, buffers, strict=True))
     assert cache.blob(blob_id).read_bytes() == data
     assert cache.file(snapshot.sha, "m.safetensors").read_bytes() == data

@@ -4,10 +4,10 @@
 ``Loader(cache_dir=root)`` loads remote models through it, reading complete and
 still-current files from disk and filling the cache while it streams the rest.
 See model_cache.py (the cache), fetch.py (downloads), entry.py (one entry on disk),
-partial.py (one download in progress), locks.py, claim.py, ranges.py, records.py
-(what it reports), caching_source.py (loading through it), filling_blob.py with
-write_through.py and write_after.py (a load's bytes into its entry), commit.py
-(completing entries after a load), protocol.py (what the writers need of the
+partial.py (one download in progress), locks.py, claim.py, records.py (what it
+reports), caching_source.py (loading through it), sink.py with write_after.py (a
+load's bytes into its entry: the cache's sink, sinks/), commit.py (completing
+entries after a load), protocol.py (what the writers need of the
 cache), links.py (a fetched model's folder of links), paths.py (nothing is written
 outside the cache folder), checksum.py and verify.py (checksums of entries),
 removal.py, and eviction.py (the size cap and eviction).

@@ -7,10 +7,9 @@ request: size and ETag), then:
 * the entry is complete and the same version: the local file is read instead,
   holding the entry's ``use`` lock (shared) so that eviction leaves it alone;
 * otherwise, when no other process is downloading it: a ``FillingBlob`` reads from
-  the remote and writes the same bytes into the entry's partial file
-  (filling_blob.py), before each read returns for staged (GPU) loads, whose buffers
-  are reused at once (write_through.py), or after the load for loads into host
-  memory (write_after.py);
+  the remote and its ``EntrySink`` writes the same bytes into the entry's partial
+  file (sink.py; sinks/), before each read returns for staged (GPU) loads, whose
+  buffers are reused at once, or after the load for loads into host memory;
 * otherwise the remote blob is returned as it is.
 
 When the cache cannot take the bytes (a full disk, a quota, a read-only or
@@ -23,23 +22,21 @@ after its caller was cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TypeVar
 
 from ..errors import CacheError, ClosedError
 from ..redact import redacting_logger
-from ..sources.base import Blob, Source, aclose_all
+from ..sinks.filling_blob import FillingBlob
+from ..sources.base import Blob, CacheOutcome, ForwardingBlob, Source, aclose_all
 from ..sources.file import FileSource
 from ..threads import Lane, Lanes, run_blocking
 from .claim import BUSY, Claim, claim
-from .entry import EntryFiles, Version, cache_error, discard_quietly, no_room
-from .fetch import version_of
-from .filling_blob import FillingBlob, WriteMode
+from .entry import EntryFiles, Version, cache_error, discard_quietly, no_room, version_of
 from .locks import FileLock, acquire
 from .partial import PartialFile
 from .protocol import CacheProtocol
-from .write_after import WriteAfter
-from .write_through import WriteThrough
+from .sink import EntrySink
 
 __all__ = ["CachingSource"]
 
@@ -48,10 +45,8 @@ logger = redacting_logger(__name__)
 T = TypeVar("T")
 
 
-class _LocalBlob(Blob):
+class _LocalBlob(ForwardingBlob):
     """A complete entry's data, read under the remote URL while holding its ``use`` lock."""
-
-    cache_outcome = "hit"  # for the load's report (report.py)
 
     def __init__(
         self,
@@ -61,28 +56,29 @@ class _LocalBlob(Blob):
         use: FileLock | None,
         version: Version,
     ) -> None:
+        super().__init__(local)
         self.url = url
-        self.size = local.size
-        self.etag = version.etag  # the version, for the ranks of a group
+        self.etag = version.etag  # the remote's version, for the ranks of a group
         self.last_modified = version.last_modified
         self._source = source
-        self._local = local
         self._use = use
         source.track(self)
 
     def __repr__(self) -> str:
-        return f"<cached {self._local!r} for {self.url!r}>"
+        return f"<cached {self.inner!r} for {self.url!r}>"
 
-    async def read_bytes(self, offset: int, length: int) -> bytes:
-        return await self._local.read_bytes(offset, length)
+    @property
+    def cache_outcome(self) -> CacheOutcome | None:
+        return "hit"
 
-    async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        await self._local.read_into(offset, buffers)
+    async def check_unchanged(self) -> None:
+        """Nothing to check: the entry is complete, and its ``use`` lock keeps eviction
+        away (without one, the descriptor keeps the bytes that were opened)."""
 
     async def aclose(self) -> None:
         self._source.untrack(self)
         try:
-            await self._local.aclose()
+            await self.inner.aclose()
         finally:
             if self._use is not None:
                 self._use.release()
@@ -97,8 +93,8 @@ class CachingSource(Source):
         lanes: the owner's threads (threads.py): local reads go to its file lanes, the
             cache's file work to its ``cache`` lane; the owner closes them after this.
         write_after: the buffers reads land in are the caller's tensors, which stay
-            as they are: write them after the load (write_after.py); else each read
-            is written before it returns (write_through.py).
+            as they are: write them after the load; else each read is written before
+            it returns, in the ``cache`` lane (sinks/filling_blob.py).
 
     ``inner`` and ``lanes`` belong to the caller and stay open.
     """
@@ -109,8 +105,8 @@ class CachingSource(Source):
         self.inner = inner
         self.cache = cache
         self.write_after = write_after
-        self._mode: WriteMode = WriteAfter() if write_after else WriteThrough()
         self.lanes = lanes
+        self._through: Lane | None = None if write_after else lanes.cache
         self._local: FileSource | None = None
         self._closed = False
         # Blobs handed out and not closed yet: closed with the source at the latest,
@@ -210,7 +206,10 @@ class CachingSource(Source):
             return remote
         partial.heartbeat = lock.beat
         self.cache.record(hit=False)
-        return FillingBlob(self, remote, partial, lock, self._mode)
+        sink = EntrySink(self.cache, url, partial, lock, run=self.run, untrack=self.untrack)
+        blob = FillingBlob(remote, sink, through=self._through)
+        self.track(blob)
+        return blob
 
     async def _open_local(self, url: str, files: EntryFiles, version: Version) -> Blob | None:
         """The complete entry of ``version``, held by its ``use`` lock; else None."""

@@ -1,12 +1,12 @@
 """Committing finished cache entries after the load that wrote them has returned.
 
-A load through the cache (filling_blob.py) gets each file's bytes into its entry (as
+A load through the cache (sink.py) gets each file's bytes into its entry (as
 they arrive, or, into host memory, in writer threads once the load is over), but
 making the entry complete (waiting for those writes, hashing, ``fsync``, the
 rename to ``data``, ``meta.json``, eviction under the cap) takes as long as the
 disk needs to take the file: seconds for a large model. That work is not what the
-caller waits for, so it runs here (``settle``), in a small process-wide thread pool,
-while the entry stays locked exactly as it was during the download.
+caller waits for, so it runs here (``settle``), in the process's commit threads
+(sinks/commits.py), while the entry stays locked exactly as it was during the download.
 
 What a crash does to an entry whose commit had not finished: its ``data.partial``
 and journal stay, ``meta.json`` still says incomplete, and its lock is dropped
@@ -19,61 +19,24 @@ A crash after the rename to ``data`` and before ``meta.json`` says complete leav
 file fsynced before its rename: the next load or fetch takes it back and checks it
 against its journal, on any boot (journal.py).
 
-The pool's threads are not daemon threads: a process that exits normally waits
+The commit threads are not daemon threads: a process that exits normally waits
 for its pending commits (Python joins them before it shuts down).
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future
-from pathlib import Path
 
 from ..errors import CacheError
 from ..redact import redacting_logger
-from ..threads import COMMITS
 from .entry import cache_error, discard_quietly, no_room
 from .partial import PartialFile, RangeMismatch
 from .protocol import CacheProtocol
 from .write_after import LaterWrites
 
-__all__ = ["settle", "submit", "wait"]
+__all__ = ["settle"]
 
 logger = redacting_logger(__name__)
-
-_lock = threading.Lock()
-_pending: dict[str, set[Future[None]]] = {}
-
-
-def submit(root: Path, job: Callable[[], None]) -> None:
-    """Run ``job`` (which must handle its own errors) in a commit thread."""
-    key = str(root)
-    with _lock:
-        future = COMMITS.get().submit(job)
-        _pending.setdefault(key, set()).add(future)
-
-    def done(f: Future[None]) -> None:
-        with _lock:
-            futures = _pending.get(key)
-            if futures is not None:
-                futures.discard(f)
-                if not futures:
-                    del _pending[key]
-
-    future.add_done_callback(done)
-
-
-async def wait(root: Path) -> None:
-    """Wait until every commit under ``root`` submitted so far has finished.
-
-    Cancelling the wait leaves the commits running.
-    """
-    with _lock:
-        futures = list(_pending.get(str(root), ()))
-    for future in futures:
-        await asyncio.shield(asyncio.wrap_future(future))
 
 
 def settle(
@@ -85,7 +48,7 @@ def settle(
     release: Callable[[], None],
 ) -> None:
     """Wait for the ``later`` writes, complete the entry when ``finished`` (else it stays
-    resumable), then ``release`` it: the job a load hands to ``submit``, so it logs its
+    resumable), then ``release`` it: the job a load hands to ``commits.submit``, so it logs its
     errors (the tensors are loaded already: nothing can fail but the entry)."""
     try:
         later.finish()

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ..errors import CacheError
 from ..redact import redact, without_credentials
+from ..sources.base import Blob
 from .paths import check_dirs, make_dirs, open_file
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "read_meta",
     "regular_size",
     "replace_file",
+    "version_of",
     "write_meta",
 ]
 
@@ -124,6 +126,11 @@ class Version:
         if self.etag is not None:
             return meta.etag == self.etag
         return meta.last_modified == self.last_modified
+
+
+def version_of(blob: Blob) -> Version:
+    """The size and validators a remote blob reported when it was opened."""
+    return Version(blob.size, blob.etag, blob.last_modified)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from ..errors import CacheError, ConfigError, DigestMismatchError
 from ..layout import resolve_layout
 from ..options import LoadOptions
 from ..pace import PACE, Pace
+from ..ranges import split
 from ..redact import redacting_logger
 from ..sources.auto import scheme_of, source_for
 from ..sources.base import Blob, Source, aclose_all
@@ -31,26 +32,20 @@ from ..tasks import gather
 from ..threads import Lanes, run_blocking
 from .checksum import DigestMismatch, Published, md5_of_etag
 from .claim import Claim, claim
-from .entry import EntryFiles, Version, cache_error, key_of
+from .entry import EntryFiles, Version, cache_error, key_of, version_of
 from .links import ModelLinks
 from .locks import acquire
 from .partial import PartialFile
 from .protocol import CacheProtocol
-from .ranges import split
 from .records import CachedModel
 
-__all__ = ["PACE", "REMOTE_SCHEMES", "Pace", "Progress", "fetch_model", "version_of"]
+__all__ = ["PACE", "REMOTE_SCHEMES", "Pace", "Progress", "fetch_model"]
 
 logger = redacting_logger(__name__)
 
 Progress = Callable[[int, int], None]
 
 REMOTE_SCHEMES = frozenset({"http", "https", "s3", "gs", "az", "hf"})
-
-
-def version_of(blob: Blob) -> Version:
-    """The size and validators a remote blob reported when it was opened."""
-    return Version(blob.size, getattr(blob, "etag", None), getattr(blob, "last_modified", None))
 
 
 def _etag_is_not_a_digest(headers: Mapping[str, str]) -> bool:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import xxhash
 
+from ..ranges import RangeSet
 from ..redact import redacting_logger
 from .entry import (
     BOOT_ID,
@@ -38,7 +39,6 @@ from .entry import (
     write_meta,
 )
 from .paths import open_file
-from .ranges import RangeSet
 
 __all__ = ["Check", "digest_of", "proven", "read_journal", "resumable", "rewrite_journal"]
 

@@ -34,8 +34,8 @@ from ..errors import ConfigError
 from ..options import LoadKeywords, LoadOptions
 from ..redact import redact, redacting_logger
 from ..settings import CHECK_ETAG
+from ..sinks import commits
 from ..threads import Lane, run_blocking
-from . import commit
 from .entry import EntryFiles, cache_error
 from .eviction import Eviction, list_entries
 from .fetch import Progress, fetch_model
@@ -252,7 +252,7 @@ class ModelCache:
         Raises:
             CacheError: the cache folder cannot be read.
         """
-        await commit.wait(self.root)
+        await commits.wait(self.root)
         with Lane("cache", 1) as lane:  # the call's own: the daemon verifies without a Loader
             if url is None:
                 entries = await run_blocking(lane, self.entries)
@@ -270,7 +270,7 @@ class ModelCache:
         exits normally waits for it). Call this to know they are complete, for
         example before copying the cache folder elsewhere.
         """
-        await commit.wait(self.root)
+        await commits.wait(self.root)
 
     def warn_uncached(self, exc: OSError, url: str) -> None:
         """Say once per process that this cache cannot take files, and why."""

@@ -39,13 +39,13 @@ from typing import Any
 import xxhash
 
 from ..direct_io import DIRECT_IO, fill, write_direct
+from ..ranges import RangeSet
 from ..redact import redacting_logger
 from ..sources.base import clip
 from .checksum import DigestMismatch, PrefixHash, Published
 from .entry import EntryFiles, Meta, Version, fsync_dir, read_meta, write_meta
 from .journal import Check, digest_of, proven, read_journal, resumable, rewrite_journal
 from .paths import open_file
-from .ranges import RangeSet
 
 __all__ = ["PartialFile", "RangeMismatch", "range_digest"]
 

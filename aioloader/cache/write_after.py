@@ -1,31 +1,22 @@
-"""The write-after mode of a load through the cache: loads into host memory.
+"""The queue of a node cache entry's writes after the load: ``LaterWrites``.
 
-A read returns as soon as its bytes have arrived and their digest is taken; its
-write waits until the blob is closed, when the load's reads are over, and runs in
-writer threads while the entry's commit waits for it (commit.py). The load goes at
-the remote's speed with no disk write in it (docs/benchmarks.md). A tensor changed
-in place before its bytes were written costs the entry (the commit checks each
-range against its digest, partial.py), never its correctness; the memory of the
-tensors stays alive until written.
-
-``LaterWrites`` is the queue those ranges wait in. Bytes that reached a load another
-way (another rank of a ``group=`` load sent them) wait in it too, whatever the mode.
+A load into host memory writes its bytes into the cache after its reads are over
+(sink.py): each range waits here, the caller's memory with its digest taken on
+arrival, until the blob is closed; then writer threads write them while the entry's
+commit waits for them (commit.py). Bytes that reached a load another way (another
+rank of a ``group=`` load sent them) wait here too, however the load writes.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_all
-from typing import TYPE_CHECKING
 
+from ..ranges import RangeSet
 from ..threads import CACHE_WRITES
-from .partial import PartialFile, range_digest
-from .ranges import RangeSet
+from .partial import PartialFile
 
-if TYPE_CHECKING:
-    from .filling_blob import FillingBlob
-
-__all__ = ["LaterWrites", "WriteAfter"]
+__all__ = ["LaterWrites"]
 
 
 Queued = tuple[int, list[memoryview], str]  # offset, the caller's bytes, their digest on arrival
@@ -81,13 +72,3 @@ class LaterWrites:
         except OSError as exc:
             if self._error is None:
                 self._error = exc
-
-
-class WriteAfter:
-    """Reads into host memory: take the digest on arrival, write after the load."""
-
-    async def arrived(self, blob: FillingBlob, offset: int, views: list[memoryview]) -> None:
-        """Queue bytes just read from the remote into the caller's ``views``."""
-        if sum(v.nbytes for v in views):
-            digest = await blob.run(lambda: range_digest(views))
-            blob.later.add(offset, views, digest)

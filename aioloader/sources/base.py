@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["Blob", "Source", "aclose_all", "clip"]
+__all__ = ["Blob", "CacheOutcome", "ForwardingBlob", "Source", "aclose_all", "clip"]
+
+#: What a cache did for one file of a load: read it from the cache, or filled the cache.
+CacheOutcome = Literal["hit", "miss"]
 
 
 class Blob(ABC):
@@ -15,10 +18,29 @@ class Blob(ABC):
     Attributes:
         url: where it lives, as shown to users.
         size: its length in bytes, fixed when it was opened.
+        etag: the version's ETag the storage reported when it was opened (or the
+            equivalent: a GCS generation), None where it reports none.
+        last_modified: its ``Last-Modified`` when opened, None where it reports none.
+
+    ``size``, ``etag`` and ``last_modified`` are the version that was opened: the ranks
+    of a group compare them, the node cache keys its entries with them.
     """
 
     url: str
     size: int
+    etag: str | None = None
+    last_modified: str | None = None
+
+    @property
+    def cache_outcome(self) -> CacheOutcome | None:
+        """What a cache did for this file (report.py): ``"hit"``, ``"miss"``, or None
+        when it was not read through a cache."""
+        return None
+
+    def received(self, offset: int, buffers: Sequence[memoryview]) -> None:  # noqa: B027
+        """Bytes of this file that reached the caller another way (another rank of a
+        ``group=`` load sent them), offered as if read here: a cache keeps them. Here:
+        nothing to do. Blocking, called from the exchange's thread: never on the loop."""
 
     @abstractmethod
     async def read_bytes(self, offset: int, length: int) -> bytes:
@@ -39,6 +61,44 @@ class Blob(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         """Release the handle; idempotent."""
+
+
+class ForwardingBlob(Blob):
+    """A blob that wraps another: everything goes to ``inner`` unless overridden.
+
+    A wrapper (a digest check, a cache filling as reads arrive) overrides what it adds
+    to; the version, the cache outcome, ``received``, ``check_unchanged`` and the reads
+    it leaves alone are the inner blob's. ``aclose`` closes ``inner``.
+    """
+
+    def __init__(self, inner: Blob) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.size = inner.size
+        self.etag = inner.etag
+        self.last_modified = inner.last_modified
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.inner!r}>"
+
+    @property
+    def cache_outcome(self) -> CacheOutcome | None:
+        return self.inner.cache_outcome
+
+    def received(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        self.inner.received(offset, buffers)
+
+    async def read_bytes(self, offset: int, length: int) -> bytes:
+        return await self.inner.read_bytes(offset, length)
+
+    async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        await self.inner.read_into(offset, buffers)
+
+    async def check_unchanged(self) -> None:
+        await self.inner.check_unchanged()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 class Source(ABC):

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cache.ranges import RangeSet
 from ..errors import DigestMismatchError
 from ..kept import BUFFERS_KEPT
+from ..ranges import RangeSet
 from ..redact import redacting_logger
 from ..threads import run_blocking
-from .base import Blob, clip
+from .base import Blob, ForwardingBlob, clip
 from .digests import Digest, Running
 from .held_copies import HeldCopies
 
@@ -88,7 +88,7 @@ def _copy_into(buffer: np.ndarray, views: Sequence[memoryview]) -> memoryview:
     return memoryview(buffer[:at]).cast("B")  # type: ignore[arg-type]
 
 
-class VerifyingBlob(Blob):
+class VerifyingBlob(ForwardingBlob):
     """``inner``, its bytes hashed in order as they arrive (see the module).
 
     Args:
@@ -99,12 +99,8 @@ class VerifyingBlob(Blob):
     """
 
     def __init__(self, inner: Blob, digest: Digest, running: Running, lane: Executor) -> None:
-        self.url = inner.url
-        self.size = inner.size
-        self.etag = getattr(inner, "etag", None)
-        self.last_modified = getattr(inner, "last_modified", None)
+        super().__init__(inner)
         self.digest = digest
-        self._inner = inner
         self._running = running
         self._lane = lane
         self._hashed = 0  # bytes [0, _hashed) are in the hash
@@ -120,20 +116,20 @@ class VerifyingBlob(Blob):
         HELD.enter()
 
     def __repr__(self) -> str:
-        return f"<verifying {self._inner!r} {self.digest.algorithm} hashed={self._hashed}>"
+        return f"<verifying {self.inner!r} {self.digest.algorithm} hashed={self._hashed}>"
 
     async def read_bytes(self, offset: int, length: int) -> bytes:
-        data = await self._inner.read_bytes(offset, length)
+        data = await self.inner.read_bytes(offset, length)
         await self._arrive(offset, [memoryview(data)], kept=True)
         return data
 
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        await self._inner.read_into(offset, buffers)
+        await self.inner.read_into(offset, buffers)
         kept = BUFFERS_KEPT.get()  # tensor memory, unseen until the load returns
         await self._arrive(offset, clip(buffers, self.size - offset), kept=kept)
 
     async def check_unchanged(self) -> None:
-        await self._inner.check_unchanged()
+        await self.inner.check_unchanged()
         await self.verify()
 
     async def verify(self) -> bool:
@@ -164,7 +160,7 @@ class VerifyingBlob(Blob):
                 await asyncio.wait([driver])  # its thread's hash finishes first
             self._drop()
             HELD.leave()
-        await self._inner.aclose()
+        await self.inner.aclose()
 
     # -- arrivals ----------------------------------------------------------------------
 
@@ -239,7 +235,7 @@ class VerifyingBlob(Blob):
                     if not gap:
                         break
                     buffer = memoryview(bytearray(gap))
-                    await self._inner.read_into(self._hashed, [buffer])
+                    await self.inner.read_into(self._hashed, [buffer])
                     await self._hash([_Waiting(self._hashed, 0, [buffer])])
         except asyncio.CancelledError:
             raise

@@ -2,15 +2,15 @@
 
 A staged load reads into slots of its staging ring, which go back to the readers
 as soon as each copy to the device completes: the bytes are gone after the load,
-so ``RecordingBlob``'s write after the load (blob_writer.py) cannot serve it.
-``WritingBlob`` writes each range into ``TemporaryBlob``, a temporary file in
-``blobs/``, at the offset it belongs at, before its read returns (in the owner's
-``cache`` lane: the read waits for its write, so the slot is not reused before its
-bytes are on their way to disk, and memory stays bounded by the ring with no queue
-between them). A range read twice, or overlapping another, is the same bytes written
-twice at the same place.
+so the write after the load (blob_writer.py) cannot serve it. The hub cache's sink
+(sink.py) writes each range into ``TemporaryBlob``, a temporary file in ``blobs/``,
+at the offset it belongs at, before its read returns (in the owner's ``cache``
+lane: the read waits for its write, so the slot is not reused before its bytes are
+on their way to disk, and memory stays bounded by the ring with no queue between
+them). A range read twice, or overlapping another, is the same bytes written twice
+at the same place.
 
-When the blob closes having been read whole, a commit thread (commit.py) hashes the
+When the blob closes having been read whole, a commit thread (sinks/commits.py) hashes the
 file as written, from disk, checks the digest the Hub publishes (blob_writer.py's
 ``publish``), syncs it and renames it into place; then the snapshot's link is made.
 A file not read whole (``tensors=``, a failed or cancelled load), a mismatch, or a
@@ -21,15 +21,12 @@ appears under a final name.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from ...cache.ranges import RangeSet
-from ...threads import Lane, run_blocking
-from ..base import Blob, clip
 from .blob_writer import CHUNK, WeightFile, blob_digest, committed, publish
 from .hf_cache import sweep_temporaries, temporary_name
 
-__all__ = ["TemporaryBlob", "WritingBlob", "open_writing"]
+__all__ = ["TemporaryBlob"]
 
 _CORRUPTED = "a corrupted download"
 
@@ -88,98 +85,3 @@ class TemporaryBlob:
             os.close(fd)
         self.path.unlink(missing_ok=True)
         return False
-
-
-class WritingBlob(Blob):
-    """A Hub file's blob whose reads are written into a ``TemporaryBlob`` before they
-    return (see the module). ``settle`` receives the job that ends the file once the
-    blob is closed and no write runs: publish it when read whole, else discard it."""
-
-    def __init__(
-        self,
-        inner: Blob,
-        file: TemporaryBlob,
-        lane: Lane,
-        settle: Callable[[Callable[[], bool]], None],
-    ) -> None:
-        self.url = inner.url
-        self.size = inner.size
-        self.etag = getattr(inner, "etag", None)
-        self._inner = inner
-        self._file: TemporaryBlob | None = file
-        self._lane = lane
-        self._settle = settle
-        self._written = RangeSet()
-        self._writing = 0  # writes running in the lane (counted on the loop)
-        self._failed = False
-        self._closed = False
-
-    def __repr__(self) -> str:
-        return f"<writing {self._inner!r} written={self._written.total}/{self.size}>"
-
-    async def read_bytes(self, offset: int, length: int) -> bytes:
-        data = await self._inner.read_bytes(offset, length)
-        await self._write(offset, [memoryview(data)])
-        return data
-
-    async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        await self._inner.read_into(offset, buffers)
-        await self._write(offset, clip(buffers, self.size - offset))
-
-    async def check_unchanged(self) -> None:
-        await self._inner.check_unchanged()
-
-    async def _write(self, offset: int, views: list[memoryview]) -> None:
-        file = self._file
-        if file is None or self._closed or self._failed:
-            return
-        self._writing += 1
-        try:
-            await run_blocking(self._lane, lambda: file.write(offset, views))
-        except OSError as exc:
-            # The bytes are in the caller's buffers already: only the cache gives up.
-            file.target.warn(exc)
-            self._failed = True
-        else:
-            self._written.add(offset, offset + sum(v.nbytes for v in views))
-        finally:
-            self._writing -= 1
-            self._end()
-
-    def _end(self) -> None:
-        """Hand the file to ``settle`` once closed and no write is running: a write still
-        in its thread (its reader was cancelled) must not meet a closed descriptor."""
-        file = self._file
-        if not self._closed or self._writing or file is None:
-            return
-        self._file = None
-        whole = not self._failed and self._written.covers(0, self.size)
-        self._settle(file.publish if whole else file.discard)
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._inner.aclose()
-        finally:
-            self._end()
-
-
-async def open_writing(
-    inner: Blob, target: WeightFile, lane: Lane, submit: Callable[[Callable[[], None]], None]
-) -> Blob:
-    """``inner`` as a ``WritingBlob`` filling ``target``, its temporary file made in
-    ``lane``; ``inner`` itself, with a warning, when the cache cannot take a file.
-    ``submit`` runs a job in a commit thread."""
-    try:
-        file = await run_blocking(
-            lane, lambda: TemporaryBlob(target), on_abandon=TemporaryBlob.discard
-        )
-    except OSError as exc:
-        target.warn(exc)
-        return inner
-    except BaseException:
-        await inner.aclose()
-        raise
-    return WritingBlob(inner, file, lane, lambda end: submit(lambda: target.settle(end)))

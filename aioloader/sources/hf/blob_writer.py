@@ -1,8 +1,8 @@
 """A file read from the Hub, written into the hub cache after the load has returned.
 
-``RecordingBlob`` keeps the ranges a load read: views of the caller's tensors (a
-load into host memory) and the header bytes. When the blob closes, a commit thread
-(``commit.submit``, shared with the node cache) runs ``write_blob``: only a file
+The hub cache's sink (sink.py) keeps the ranges a load read: views of the caller's
+tensors (a load into host memory) and the header bytes. When the blob closes, a
+commit thread (sinks/commits.py, shared with the node cache) runs ``write_blob``: only a file
 read whole is written, chunk by chunk, each chunk copied once and hashed as the
 very bytes that go to disk, into a temporary name in ``blobs/``. The digest is
 checked against the blob's id before the rename: the LFS sha256 the Hub publishes
@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...redact import redacting_logger
-from ..base import Blob, clip
 from .hf_cache import HfCache, sweep_temporaries, temporary_name
 from .snapshot import Snapshot
 
 __all__ = [
     "CHUNK",
-    "RecordingBlob",
+    "Ranges",
     "WeightFile",
     "blob_digest",
     "committed",
@@ -157,45 +156,3 @@ class WeightFile:
                 self.cache.link(self.snapshot.sha, self.path, self.blob_id)
         except OSError as exc:
             self.warn(exc)
-
-
-class RecordingBlob(Blob):
-    """A Hub file's blob that keeps what the load read, for ``on_close``.
-
-    The views are the caller's memory (host tensors, which stay alive while the
-    write holds them) and the header's bytes.
-    """
-
-    def __init__(self, inner: Blob, on_close: Callable[[Ranges], None]) -> None:
-        self.url = inner.url
-        self.size = inner.size
-        self.etag = getattr(inner, "etag", None)
-        self._inner = inner
-        self._ranges: Ranges = []
-        self._on_close: Callable[[Ranges], None] | None = on_close
-
-    def __repr__(self) -> str:
-        return f"<recording {self._inner!r} ranges={len(self._ranges)}>"
-
-    async def read_bytes(self, offset: int, length: int) -> bytes:
-        data = await self._inner.read_bytes(offset, length)
-        self._ranges.append((offset, memoryview(data)))
-        return data
-
-    async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        await self._inner.read_into(offset, buffers)
-        for view in clip(buffers, self.size - offset):
-            self._ranges.append((offset, view))
-            offset += view.nbytes
-
-    async def check_unchanged(self) -> None:
-        await self._inner.check_unchanged()
-
-    async def aclose(self) -> None:
-        on_close, self._on_close = self._on_close, None
-        ranges, self._ranges = self._ranges, []
-        try:
-            await self._inner.aclose()
-        finally:
-            if on_close is not None:
-                on_close(ranges)

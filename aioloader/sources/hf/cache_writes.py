@@ -1,12 +1,12 @@
 """Filling the Hugging Face hub cache while hf:// models stream.
 
 ``HfCacheWrites`` wraps an ``HfSource``: every weight file the source reads from the
-network comes back as a blob that also fills the hub cache. For loads into host
-memory, a ``RecordingBlob``, whose bytes are written once it closes, after the load
-has returned (blob_writer.py); for staged (GPU) loads, whose buffers are reused as
-soon as a read returns, a ``WritingBlob``, which writes each range into a temporary
-file before its read returns (blob_through.py). Either way a file read whole is
-committed only when its digest is the one the Hub publishes. The first time a
+network comes back as a ``FillingBlob`` (sinks/) whose ``HubSink`` (sink.py) also
+fills the hub cache: for loads into host memory, its bytes are written once it
+closes, after the load has returned (blob_writer.py); for staged (GPU) loads, whose
+buffers are reused as soon as a read returns, each range is written into a
+temporary file before its read returns (blob_through.py). Either way a file read
+whole is committed only when its digest is the one the Hub publishes. The first time a
 folder of a commit is loaded, the small non-weight files under that folder (config,
 tokenizer, generation config...) are downloaded into the cache too, by
 huggingface_hub itself, and the ref the URL named is recorded, so a serving engine
@@ -14,24 +14,23 @@ can start from the cache offline: a load of the repository's root fills in all o
 them, a load of ``hf://org/name/text_encoder`` only those under ``text_encoder/``
 (not the other folders' files, which a process would wait for at exit).
 
-That work runs in the process's commit threads (``cache/commit.py``), keyed by the
+That work runs in the process's commit threads (sinks/commits.py), keyed by the
 hub cache's folder; ``wait_hf_cache`` waits for it.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable
 from pathlib import Path
 
-from ...cache import commit
 from ...redact import redacting_logger
+from ...sinks import commits
 from ...threads import Lane
 from ..base import Blob, Source
-from .blob_through import open_writing
-from .blob_writer import Ranges, RecordingBlob, WeightFile, write_blob
+from .blob_writer import WeightFile
 from .hf_cache import HfCache, cache_root
 from .hub import HubSettings, download_file
+from .sink import filling
 from .snapshot import Snapshot
 from .source import HfSource
 
@@ -53,7 +52,7 @@ def is_small_file(path: str, size: int) -> bool:
 async def wait_hf_cache(root: str | Path | None = None) -> None:
     """Wait until every hub cache write submitted so far under ``root`` (default: the
     cache in use now, ``cache_root()``) has finished. Cancelling leaves them running."""
-    await commit.wait(Path(root) if root is not None else cache_root())
+    await commits.wait(Path(root) if root is not None else cache_root())
 
 
 def _under(path: str, folder: str) -> bool:
@@ -91,6 +90,8 @@ class HfCacheWrites(Source):
             returns: the lane that writes each range before its read returns
             (blob_through.py). None: the reads land in host tensors that stay as
             they are, written after the load (blob_writer.py).
+
+    Both ways are the one ``HubSink`` (sink.py) behind a ``FillingBlob`` (sinks/).
     """
 
     def __init__(self, inner: HfSource, *, through: Lane | None = None) -> None:
@@ -121,24 +122,14 @@ class HfCacheWrites(Source):
             # Also for a commit read from the cache: one that huggingface_hub filled may
             # lack its listing, its small files or the ref.
             self._seen.add(key)
-            commit.submit(cache.root, lambda: _small_files(settings, cache, snapshot, folder))
+            commits.submit(cache.root, lambda: _small_files(settings, cache, snapshot, folder))
         if opened.cached:
             return opened.blob
         blob_id = snapshot.ids.get(opened.path, "")
         if not opened.path.endswith(".safetensors") or not blob_id:
             return opened.blob  # the small files are huggingface_hub's to write
         target = WeightFile(cache, snapshot, opened.path, opened.blob.size, blob_id)
-
-        def submit(job: Callable[[], None]) -> None:
-            commit.submit(cache.root, job)
-
-        if self.through is not None:
-            return await open_writing(opened.blob, target, self.through, submit)
-
-        def written_after(ranges: Ranges) -> None:
-            submit(lambda: target.settle(lambda: write_blob(cache, blob_id, target.size, ranges)))
-
-        return RecordingBlob(opened.blob, written_after)
+        return await filling(opened.blob, target, self.through)
 
     async def aclose(self) -> None:
         """Nothing of its own to close: the writes finish in the commit threads."""

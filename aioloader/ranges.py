@@ -1,4 +1,7 @@
-"""Which byte ranges of a file are present: a sorted set of disjoint intervals (pure)."""
+"""Which byte ranges of a file are present: a sorted set of disjoint intervals (pure).
+
+A cache keeps the ranges of a file it has (cache/), a digest the ranges that arrived
+(sources/verifying.py), a cache sink the ranges written through (sinks/)."""
 
 from __future__ import annotations
 
