@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from typing import Any, Unpack
 from .config import Limits
 from .devices.auto import device_for
 from .devices.base import Device
-from .errors import ClosedError, EventLoopError
+from .errors import ClosedError
 from .layout import ModelLayout
 from .options import LoadKeywords, LoadOptions
 from .pipeline import Load, Progress, Selection, open_model
@@ -337,18 +336,17 @@ def load_model_sync(
             block; ``await load_model(...)`` there, or call this from another thread.
         LoaderError: as ``load_model``.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise EventLoopError(
-            "load_model_sync() was called on the thread of a running event loop, which it "
-            "would block; use `await aioloader.load_model(...)` there, or call "
-            "load_model_sync from another thread (e.g. `await asyncio.to_thread(...)`)"
-        )
-    built = LoadOptions.build(options, **keywords)  # bad options fail before a loop starts
-    return asyncio.run(load_model(url, tensors=tensors, rows=rows, options=built))
+    from .sync import run
+
+    # Made before the loop starts (sync.py): bad options fail without one.
+    return run(
+        lambda: load_model(
+            url, tensors=tensors, rows=rows, options=LoadOptions.build(options, **keywords)
+        ),
+        caller="load_model_sync()",
+        instead="use `await aioloader.load_model(...)` there, or call load_model_sync from "
+        "another thread (e.g. `await asyncio.to_thread(...)`)",
+    )
 
 
 async def inspect_model(url: URL) -> ModelInfo:
