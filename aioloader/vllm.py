@@ -14,9 +14,10 @@ that is no local folder is streamed from the Hub as ``hf://org/name@revision``
 which honours ``HF_ENDPOINT`` as the stream does). An ``s3://``, ``gs://`` or
 ``az://`` model is taken as ``--load-format runai_streamer`` takes it: vLLM fetches
 its config and tokenizer into a local folder, with runai's streamer and its
-package for the scheme (``RUNAI_CLIENTS``), and keeps the URL as ``model_weights``,
-which is streamed; an error of that fetch gets a note naming the path and what to
-check. The keys are ``KEYS``; an unknown one fails at once, naming it.
+package for the scheme, and keeps the URL as ``model_weights``, which is
+streamed; an error of that fetch gets a note naming the path and what to check
+(the two patches of vLLM this takes are vllm_patches.py's). The keys are ``KEYS``;
+an unknown one fails at once, naming it.
 
 How the weights meet the model: vLLM's worker is synchronous and may own an event
 loop already, so the load (and the cache fill of ``download_model``) runs on an
@@ -210,95 +211,12 @@ def register() -> None:
             return
         from vllm.model_executor.model_loader import register_model_loader
 
+        from .vllm_patches import explain_object_storage_fetch, let_object_storage_through
+
         register_model_loader(LOAD_FORMAT)(_loader_class())
-        _let_object_storage_through()
-        _explain_object_storage_fetch()
+        let_object_storage_through(LOAD_FORMAT)
+        explain_object_storage_fetch()
         _registered = True
-
-
-def _let_object_storage_through() -> None:
-    """Let ``--load-format aioloader`` load an ``s3://``, ``gs://`` or ``az://`` model.
-
-    For such a model vLLM fetches the config and tokenizer into a local folder
-    (``ModelConfig.maybe_pull_model_tokenizer_for_runai``) and keeps the URL as
-    ``model_weights``, which this loader streams; but ``VllmConfig`` then refuses
-    every load format but runai's. Its check sees runai's name while ours is
-    checked, and nothing else changes: other formats go through as they were.
-    """
-    from vllm.config import VllmConfig
-
-    check = VllmConfig.try_verify_and_update_config
-    if getattr(check, "_aioloader", False):
-        return
-
-    def try_verify_and_update_config(self: Any) -> Any:
-        load = self.load_config
-        if load is None or load.load_format != LOAD_FORMAT:
-            return check(self)
-        load.load_format = "runai_streamer"
-        try:
-            return check(self)
-        finally:
-            load.load_format = LOAD_FORMAT
-
-    try_verify_and_update_config._aioloader = True  # type: ignore[attr-defined]
-    VllmConfig.try_verify_and_update_config = try_verify_and_update_config
-
-
-# vLLM fetches an object-storage model's config and tokenizer with runai's streamer, whose
-# client for each scheme is a package of its own: scheme -> (package, where the client
-# finds the store and its credentials).
-RUNAI_CLIENTS: dict[str, tuple[str, str]] = {
-    "s3://": ("runai-model-streamer-s3", "the AWS credential chain; AWS_ENDPOINT_URL for "
-              "an S3-compatible store"),
-    "gs://": ("runai-model-streamer-gcs", "Google's application default credentials, or "
-              "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS=1 for a public bucket; "
-              "STORAGE_EMULATOR_HOST for an emulator"),
-    "az://": ("runai-model-streamer-azure", "AZURE_STORAGE_CONNECTION_STRING, or "
-              "AZURE_STORAGE_ACCOUNT_NAME with a key, a SAS token or DefaultAzureCredential"),
-}  # fmt: skip
-
-
-def object_storage_fetch_note(model: str) -> str | None:
-    """What to check when vLLM could not fetch ``model``'s config; None for other models."""
-    for scheme, (package, credentials) in RUNAI_CLIENTS.items():
-        if model.lower().startswith(scheme):
-            return (
-                f"vLLM fetches the config and tokenizer of {model} with runai's streamer "
-                f"before any weights load: check that the bucket or container and the "
-                f"prefix exist, that {package} is installed (pip install {package}) and "
-                f"that its client finds the store ({credentials})"
-            )
-    return None
-
-
-def _explain_object_storage_fetch() -> None:
-    """Add a note to an error of vLLM's config fetch for an object-storage model.
-
-    That fetch (``ModelConfig.maybe_pull_model_tokenizer_for_runai``) runs before
-    any loader, and its errors name neither the model path nor what to do (Azure's
-    "The specified container does not exist.", runai's "GCS files module not
-    found"). The exception is re-raised as it was, with a note that says both.
-    """
-    from vllm.config import ModelConfig
-
-    pull = ModelConfig.maybe_pull_model_tokenizer_for_runai
-    if getattr(pull, "_aioloader", False):
-        return
-
-    def maybe_pull_model_tokenizer_for_runai(self: Any, model: str, tokenizer: str) -> Any:
-        try:
-            return pull(self, model, tokenizer)
-        except Exception as exc:
-            note = object_storage_fetch_note(str(model)) or object_storage_fetch_note(
-                str(tokenizer)
-            )
-            if note is not None:
-                exc.add_note(note)
-            raise
-
-    maybe_pull_model_tokenizer_for_runai._aioloader = True  # type: ignore[attr-defined]
-    ModelConfig.maybe_pull_model_tokenizer_for_runai = maybe_pull_model_tokenizer_for_runai
 
 
 def _loader_class() -> type:
