@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, Unpack
+from typing import Any, Unpack
 
-from .cache import CachingSource, ModelCache
-from .cache.fetch import REMOTE_SCHEMES
 from .config import Limits
 from .devices.auto import device_for
 from .devices.base import Device
-from .errors import ClosedError, ConfigError, EventLoopError
+from .errors import ClosedError
 from .layout import ModelLayout
 from .options import LoadKeywords, LoadOptions
 from .pipeline import Load, Progress, Selection, open_model
-from .ranks import ranks_for
 from .redact import redact
 from .report import LoadReport
 from .rows import Rows
 from .safetensors import FileHeader
-from .sources.auto import scheme_of, source_for, store_of
-from .sources.base import Source
+from .stack import URL, Location, SourceStack, locate
 from .staging import BudgetStatistics, ByteBudget
 from .stream import StreamStatistics, TensorStream
 from .threads import Lanes
@@ -42,17 +36,12 @@ __all__ = [
     "load_model_sync",
 ]
 
-URL = str | Sequence[str]
-CacheDir = str | os.PathLike[str] | ModelCache | Literal[False] | None
 
+def _ranks_for(group: Any, device: Device) -> Any:
+    """Solo, or Group with ``group=`` (ranks.py, imported when a Loader is made)."""
+    from .ranks import ranks_for
 
-def _cache_for(cache_dir: CacheDir) -> ModelCache | None:
-    """``False`` (or ``None``, once options are built) means no cache at all."""
-    if cache_dir is False or cache_dir is None:
-        return None
-    if isinstance(cache_dir, ModelCache):
-        return cache_dir
-    return ModelCache(cache_dir)
+    return ranks_for(group, device)
 
 
 def _display(url: URL) -> str:
@@ -140,10 +129,10 @@ class Loader:
         self._device: Device = device_for(
             self.options.device, limits, self.options.framework, self._lanes.setup
         )
-        self._ranks = ranks_for(self.options.group, self._device)
+        self._ranks = _ranks_for(self.options.group, self._device)
         self._budget = ByteBudget(limits.staging_bytes)
-        self._cache = _cache_for(self.options.cache_dir)
-        self._sources: dict[str, Source] = {}
+        # What URLs are read through, per store (stack.py); closed in aclose.
+        self._stack = SourceStack(self.options, self._lanes, staged=self._device.copies)
         self._streams: set[TensorStream] = set()
         self._closed = False
 
@@ -162,16 +151,12 @@ class Loader:
 
     def statistics(self) -> LoaderStatistics:
         """Budget use, open streams, each store's requests and cache counters, as a snapshot."""
-        sources = {}
-        for store, source in self._sources.items():
-            stats = source.statistics()
-            if stats is not None:
-                sources[store] = stats
+        cache = self._stack.cache
         return LoaderStatistics(
             budget=self._budget.statistics(),
             streams=len(self._streams),
-            sources=sources,
-            cache=self._cache.statistics() if self._cache is not None else None,
+            sources=self._stack.statistics(),
+            cache=cache.statistics() if cache is not None else None,
         )
 
     async def __aenter__(self) -> Loader:
@@ -190,73 +175,13 @@ class Loader:
         if self._closed:
             raise ClosedError("this Loader is closed; create a new one")
 
-    def _source(self, url: URL, *, cached: bool = False) -> Source:
-        urls = [url] if isinstance(url, str) else list(url)
-        if not urls:
-            raise ConfigError("an empty list of URLs was given; pass at least one file")
-        # Kept per store, not per scheme: an Azure source keeps its account's SAS or
-        # token, which must not go to an unrelated https:// host loaded later.
-        stores = {store_of(u) for u in urls}
-        if len(stores) > 1:
-            raise ConfigError(
-                f"the URLs are in different stores ({', '.join(sorted(stores))}); "
-                "load them separately"
-            )
-        store = stores.pop()
-        source = self._sources.get(store)
-        if source is None:
-            source = self._sources[store] = source_for(
-                urls[0],
-                lanes=self._lanes,
-                http=self.options.http,
-                s3=self.options.s3,
-                hf_check=self._hf_check() if scheme_of(urls[0]) == "hf" else None,
-            )
-        if cached and scheme_of(urls[0]) == "hf" and self._cache is None:
-            return self._hf_cache_writes(store, source)
-        if not cached or self._cache is None or scheme_of(urls[0]) not in REMOTE_SCHEMES:
-            return source
-        key = f"{store}+cache"
-        caching = self._sources.get(key)
-        if caching is None:
-            # Host tensors are the buffers reads land in: their cache writes can wait
-            # until the load is over. Staged (GPU) buffers are reused at once.
-            caching = self._sources[key] = CachingSource(
-                source,
-                self._cache,
-                lanes=self._lanes,
-                write_after=not self._device.copies,
-            )
-        return caching
-
-    def _hf_check(self) -> Any:
-        from .sources.hf.revision import RevisionCheck
-
-        return RevisionCheck(self.options.hf_revision_timeout, self.options.hf_fresh)
-
-    def _hf_cache_writes(self, store: str, source: Source) -> Source:
-        if not self.options.hf_cache:
-            return source
-        from .sources.hf.cache_writes import HfCacheWrites
-        from .sources.hf.source import HfSource
-
-        assert isinstance(source, HfSource)
-        key = f"{store}+hf-cache"
-        writes = self._sources.get(key)
-        if writes is None:
-            # Host tensors stay as they were read until the write after the load; a
-            # staged (GPU) load reuses its buffers at once: each read is written first.
-            through = self._lanes.cache if self._device.copies else None
-            writes = self._sources[key] = HfCacheWrites(source, through=through)
-        return writes
-
     def stream(self, url: URL, *, tensors: Selection = None, rows: Rows = None) -> TensorStream:
         """Stream the tensors of ``url`` as each one completes.
 
         Args:
             url: a ``.safetensors`` file, a folder of shards or a
-                ``*.safetensors.index.json``, as a local path or a ``file://``,
-                ``http(s)://`` or ``s3://`` URL; or a list of file URLs.
+                ``*.safetensors.index.json``, as a local path or a URL of any scheme
+                aioloader reads (sources/schemes.py); or a list of file URLs of one store.
             tensors: names to load, or a predicate on names; ``None`` loads all.
                 Only the selected tensors' bytes are read.
             rows: load only rows ``[start, stop)`` of the first dimension of some
@@ -289,32 +214,25 @@ class Loader:
             LoaderError: naming the file, tensor or byte range that failed.
         """
 
-        async def attempt(target: URL) -> dict[str, Any]:
+        async def attempt(where: Location) -> dict[str, Any]:
             got: dict[str, Any] = {}
-            await self._run(target, tensors, got.__setitem__, Progress(), None, rows)
+            await self._run(where, tensors, got.__setitem__, Progress(), None, rows)
             return got
 
-        if isinstance(url, str) and scheme_of(url) == "hf" and self.options.group is None:
-            # Nobody sees these tensors before the load returns: a warm start may read
-            # the hub cache's commit while the Hub says whether it is still current.
-            from .sources.hf.source import HfSource
-            from .sources.hf.warm_start import load_warm
-
-            self._check_open()
-            source = self._source(url)
-            assert isinstance(source, HfSource)
-            return await load_warm(source, url, attempt)
-        return await attempt(url)
+        self._check_open()
+        # Nobody sees these tensors before the load returns: the stack may take it back.
+        return await self._stack.load(locate(url), attempt)
 
     async def inspect(self, url: URL) -> ModelInfo:
         """Read and validate the headers of ``url`` without reading tensor data."""
         self._check_open()
-        async with await open_model(self._source(url), url, self._lanes) as model:
+        where = locate(url)
+        async with await open_model(self._stack.source(where), where.url, self._lanes) as model:
             return ModelInfo(url=_display(url), layout=model.layout, headers=tuple(model.headers))
 
     async def _run(
         self,
-        url: URL,
+        url: URL | Location,
         selection: Selection,
         emit: Any,
         progress: Progress,
@@ -322,15 +240,16 @@ class Loader:
         rows: Rows = None,
     ) -> LoadReport:
         self._check_open()
-        source = self._source(url, cached=True)
+        where = url if isinstance(url, Location) else locate(url)
+        source = self._stack.load_source(where)
         ranks = self._ranks()
         try:
-            model = await open_model(source, url, self._lanes)
+            model = await open_model(source, where.url, self._lanes)
         except BaseException as exc:
             await ranks.announce_failure(exc)
             raise
         load = Load(
-            url=_display(url),
+            url=_display(where.url),
             model=model,
             ranks=ranks,
             device=self._device,
@@ -353,17 +272,16 @@ class Loader:
         for stream in list(self._streams):
             await stream.aclose()
         self._streams.clear()
-        sources, self._sources = list(self._sources.values()), {}
         try:
-            for source in sources:
-                await source.aclose()
+            await self._stack.aclose()
             await self._device.aclose()
         finally:
             # Every call into them has returned (run_blocking waits): joins at once.
             self._lanes.close()
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
-        if not getattr(self, "_closed", True) and self._sources:
+        stack = getattr(self, "_stack", None)
+        if not getattr(self, "_closed", True) and stack is not None and stack.opened:
             _warn(
                 f"{self!r} was never closed; use `async with Loader() as loader`",
                 ResourceWarning,
@@ -418,18 +336,17 @@ def load_model_sync(
             block; ``await load_model(...)`` there, or call this from another thread.
         LoaderError: as ``load_model``.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise EventLoopError(
-            "load_model_sync() was called on the thread of a running event loop, which it "
-            "would block; use `await aioloader.load_model(...)` there, or call "
-            "load_model_sync from another thread (e.g. `await asyncio.to_thread(...)`)"
-        )
-    built = LoadOptions.build(options, **keywords)  # bad options fail before a loop starts
-    return asyncio.run(load_model(url, tensors=tensors, rows=rows, options=built))
+    from .sync import run
+
+    # Made before the loop starts (sync.py): bad options fail without one.
+    return run(
+        lambda: load_model(
+            url, tensors=tensors, rows=rows, options=LoadOptions.build(options, **keywords)
+        ),
+        caller="load_model_sync()",
+        instead="use `await aioloader.load_model(...)` there, or call load_model_sync from "
+        "another thread (e.g. `await asyncio.to_thread(...)`)",
+    )
 
 
 async def inspect_model(url: URL) -> ModelInfo:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TextIO
 
 from . import __version__
@@ -20,6 +19,7 @@ from .dtypes import import_torch
 from .environment import resolve
 from .errors import LoaderError
 from .options import KEYWORDS
+from .sync import run
 
 __all__ = ["main"]
 
@@ -321,12 +321,17 @@ async def _serve(args: argparse.Namespace) -> int:
     return await serve_from_args(args)
 
 
-def _run(coro: Any) -> int:
+def _run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """``main()`` on a fresh loop (sync.py), uvloop's when it is installed."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(coro)  # type: ignore[no-any-return]
-    return uvloop.run(coro)  # type: ignore[no-any-return]
+        factory = None
+    else:
+        factory = uvloop.new_event_loop
+    return run(
+        main, caller="aioloader", instead="run the command from a shell", loop_factory=factory
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -355,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # doing it first keeps the report about the load (it takes seconds). Inside
             # the try: Ctrl-C during those seconds is an interruption, not a traceback.
             import_torch()
-        return _run(handler(args))
+        return _run(lambda: handler(args))
     except LoaderError as exc:
         print(f"aioloader: error: {exc}", file=sys.stderr)
         return 1

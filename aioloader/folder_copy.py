@@ -26,6 +26,7 @@ and those of the old version are removed; files it did not write stay).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import time
@@ -41,10 +42,10 @@ from .folder_dest import PARTIAL_PREFIX, RECORD, Destination, dest_error, name_p
 from .layout import resolve_layout
 from .options import LoadKeywords, LoadOptions
 from .redact import redacting_logger
-from .sources.auto import source_for
 from .sources.base import Blob, Source
+from .stack import SourceStack, locate
 from .tasks import gather
-from .threads import Lane, Lanes, run_blocking
+from .threads import Lane, run_blocking
 
 __all__ = ["PARTIAL_PREFIX", "RECORD", "WELL_KNOWN", "FolderCopy", "copy_folder"]
 
@@ -303,11 +304,12 @@ async def copy_folder(
     limits = built.limits
     assert limits is not None
     started = time.perf_counter()
-    lanes = Lanes(limits.concurrency)
-    source = source_for(src, lanes=lanes, http=built.http, s3=built.s3)
-    try:
+    where = locate(src)
+    # The copy reads the store itself: no node cache around it.
+    async with SourceStack(dataclasses.replace(built, cache_dir=False)) as stack:
+        source = stack.source(where)
         copies = await files_to_copy(source, src)
-        lane = lanes.cache
+        lane = stack.lanes.cache
         target = await run_blocking(lane, lambda: Destination.open(path), Destination.close)
         try:
             partial = await run_blocking(lane, target.new_partial)
@@ -321,11 +323,6 @@ async def copy_folder(
                 await run_blocking(lane, lambda: shutil.rmtree(partial, ignore_errors=True))
         finally:
             target.close()
-    finally:
-        try:
-            await source.aclose()
-        finally:
-            lanes.close()
     for name in strangers:
         logger.warning(
             "%s: %s was not written by aioloader fetch and stays; a load of the folder may "

@@ -14,12 +14,14 @@ that is no local folder is streamed from the Hub as ``hf://org/name@revision``
 which honours ``HF_ENDPOINT`` as the stream does). An ``s3://``, ``gs://`` or
 ``az://`` model is taken as ``--load-format runai_streamer`` takes it: vLLM fetches
 its config and tokenizer into a local folder, with runai's streamer and its
-package for the scheme (``RUNAI_CLIENTS``), and keeps the URL as ``model_weights``,
-which is streamed; an error of that fetch gets a note naming the path and what to
-check. The keys are ``KEYS``; an unknown one fails at once, naming it.
+package for the scheme, and keeps the URL as ``model_weights``, which is
+streamed; an error of that fetch gets a note naming the path and what to check
+(the two patches of vLLM this takes are vllm_patches.py's). The keys are ``KEYS``;
+an unknown one fails at once, naming it.
 
 How the weights meet the model: vLLM's worker is synchronous and may own an event
-loop already, so the load runs on an event loop of its own, in a thread. Tensors
+loop already, so the load (and the cache fill of ``download_model``) runs on an
+event loop of its own, in a thread (sync.py). Tensors
 reach ``model.load_weights`` through a generator as they complete, so loading and
 weight placement overlap. The files are loaded one after another, at most
 ``WINDOW`` of them held at once: the model's parameters already hold the
@@ -42,22 +44,29 @@ with one rank in the group the key changes nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import difflib
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
 from .options import KEYWORDS, LoadOptions
 from .redact import redacting_logger
-from .threads import start_thread
+from .sync import LoopThread, run_beside
 
-__all__ = ["KEYS", "WINDOW", "VllmOptions", "register", "stream_weights", "weights_url"]
+__all__ = [
+    "KEYS",
+    "WINDOW",
+    "VllmOptions",
+    "fill_cache",
+    "register",
+    "stream_weights",
+    "weights_url",
+]
 
 # Under "vllm", not this module's name: vLLM gives its own loggers a handler (and stops
 # their propagation), so a plugin's lines show in `vllm serve` output only there.
@@ -121,7 +130,7 @@ class VllmOptions:
         return cls(url=extra.get("url"), loader=loader, distributed=extra.get("distributed", False))
 
 
-_DONE = object()
+_ENDED = object()
 
 
 def stream_weights(
@@ -129,80 +138,63 @@ def stream_weights(
 ) -> Iterator[tuple[str, Any]]:
     """The tensors of ``url`` as ``(name, tensor)``, for synchronous code.
 
-    The load runs on its own event loop in a thread; the files are loaded in
-    order, ``window`` at most held at once (a file's tensors count as held until
-    the caller has asked for the tensor after its last). Closing the generator
-    early cancels the load. ``loader`` holds ``Loader``'s keyword arguments (and
+    The load runs on its own event loop in a thread (sync.LoopThread), from any
+    thread, one with a running loop included; the files are loaded in order,
+    ``window`` at most held at once (a file's tensors count as held until the
+    caller has asked for the tensor after its last). Closing the generator early
+    cancels the load. ``loader`` holds ``Loader``'s keyword arguments (and
     ``options=``, a LoadOptions).
 
     Raises:
         LoaderError: as the load raised it, naming the file, tensor or range.
     """
     results: queue.Queue[Any] = queue.Queue()
-    handle: dict[str, Any] = {}
-    started = threading.Event()
+    free: list[asyncio.Semaphore] = []
 
     async def produce() -> None:
         from .api import Loader
 
-        handle["loop"] = asyncio.get_running_loop()
-        handle["task"] = asyncio.current_task()
-        free = asyncio.Semaphore(window)
-        handle["free"] = free
-        started.set()
+        free.append(asyncio.Semaphore(window))
         options = loader.pop("options", None)
         async with Loader(options, device=device, **loader) as source:
             info = await source.inspect(url)
             for file in info.layout.files:
-                await free.acquire()
+                await free[0].acquire()
                 async with source.stream(file) as stream:
                     async for name, tensor in stream:
                         results.put((name, tensor))
                     results.put(("", stream.report))  # a file is done: its report
-        results.put(_DONE)
 
-    def main() -> None:
-        try:
-            asyncio.run(produce())
-        except BaseException as exc:  # handed to the consumer, raised there
-            results.put(exc)
-        finally:
-            started.set()
-
-    thread = start_thread("vllm", main)
-    started.wait()
-    release = _releaser(handle)
+    producer = LoopThread(produce, name="vllm", on_exit=lambda: results.put(_ENDED))
     reports = []
     try:
         while True:
             item = results.get()
-            if item is _DONE:
+            if item is _ENDED:
+                producer.result()  # the load's error, raised here
                 break
-            if isinstance(item, BaseException):
-                raise item
             name, tensor = item
             if not name:
                 reports.append(tensor)
-                release()
+                producer.call_soon(free[0].release)
                 continue
             yield name, tensor
     finally:
-        loop, task = handle.get("loop"), handle.get("task")
-        if thread.is_alive() and loop is not None and task is not None:
-            loop.call_soon_threadsafe(task.cancel)
-        thread.join()
+        producer.cancel()
+        producer.join()
     for report in reports:
         logger.info("aioloader: %s", report.summary())
 
 
-def _releaser(handle: dict[str, Any]) -> Callable[[], None]:
-    def release() -> None:
-        loop, free = handle.get("loop"), handle.get("free")
-        if loop is not None and free is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop ended meanwhile
-                loop.call_soon_threadsafe(free.release)
+def fill_cache(options: VllmOptions, url: str) -> None:
+    """Fill the node cache with ``url``'s files ahead of the load, when one is configured
+    (``download_model``); from any thread, one with a running loop included (sync.py)."""
+    cache_dir = options.loader.cache_dir
+    if cache_dir and "://" in url and not url.startswith("file://"):
+        from .cache.model_cache import ModelCache
 
-    return release
+        cache = cache_dir if isinstance(cache_dir, ModelCache) else ModelCache(cache_dir)
+        run_beside(lambda: cache.fetch(url, options=options.loader))
 
 
 # -- the vLLM side -----------------------------------------------------------------------
@@ -219,95 +211,12 @@ def register() -> None:
             return
         from vllm.model_executor.model_loader import register_model_loader
 
+        from .vllm_patches import explain_object_storage_fetch, let_object_storage_through
+
         register_model_loader(LOAD_FORMAT)(_loader_class())
-        _let_object_storage_through()
-        _explain_object_storage_fetch()
+        let_object_storage_through(LOAD_FORMAT)
+        explain_object_storage_fetch()
         _registered = True
-
-
-def _let_object_storage_through() -> None:
-    """Let ``--load-format aioloader`` load an ``s3://``, ``gs://`` or ``az://`` model.
-
-    For such a model vLLM fetches the config and tokenizer into a local folder
-    (``ModelConfig.maybe_pull_model_tokenizer_for_runai``) and keeps the URL as
-    ``model_weights``, which this loader streams; but ``VllmConfig`` then refuses
-    every load format but runai's. Its check sees runai's name while ours is
-    checked, and nothing else changes: other formats go through as they were.
-    """
-    from vllm.config import VllmConfig
-
-    check = VllmConfig.try_verify_and_update_config
-    if getattr(check, "_aioloader", False):
-        return
-
-    def try_verify_and_update_config(self: Any) -> Any:
-        load = self.load_config
-        if load is None or load.load_format != LOAD_FORMAT:
-            return check(self)
-        load.load_format = "runai_streamer"
-        try:
-            return check(self)
-        finally:
-            load.load_format = LOAD_FORMAT
-
-    try_verify_and_update_config._aioloader = True  # type: ignore[attr-defined]
-    VllmConfig.try_verify_and_update_config = try_verify_and_update_config
-
-
-# vLLM fetches an object-storage model's config and tokenizer with runai's streamer, whose
-# client for each scheme is a package of its own: scheme -> (package, where the client
-# finds the store and its credentials).
-RUNAI_CLIENTS: dict[str, tuple[str, str]] = {
-    "s3://": ("runai-model-streamer-s3", "the AWS credential chain; AWS_ENDPOINT_URL for "
-              "an S3-compatible store"),
-    "gs://": ("runai-model-streamer-gcs", "Google's application default credentials, or "
-              "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS=1 for a public bucket; "
-              "STORAGE_EMULATOR_HOST for an emulator"),
-    "az://": ("runai-model-streamer-azure", "AZURE_STORAGE_CONNECTION_STRING, or "
-              "AZURE_STORAGE_ACCOUNT_NAME with a key, a SAS token or DefaultAzureCredential"),
-}  # fmt: skip
-
-
-def object_storage_fetch_note(model: str) -> str | None:
-    """What to check when vLLM could not fetch ``model``'s config; None for other models."""
-    for scheme, (package, credentials) in RUNAI_CLIENTS.items():
-        if model.lower().startswith(scheme):
-            return (
-                f"vLLM fetches the config and tokenizer of {model} with runai's streamer "
-                f"before any weights load: check that the bucket or container and the "
-                f"prefix exist, that {package} is installed (pip install {package}) and "
-                f"that its client finds the store ({credentials})"
-            )
-    return None
-
-
-def _explain_object_storage_fetch() -> None:
-    """Add a note to an error of vLLM's config fetch for an object-storage model.
-
-    That fetch (``ModelConfig.maybe_pull_model_tokenizer_for_runai``) runs before
-    any loader, and its errors name neither the model path nor what to do (Azure's
-    "The specified container does not exist.", runai's "GCS files module not
-    found"). The exception is re-raised as it was, with a note that says both.
-    """
-    from vllm.config import ModelConfig
-
-    pull = ModelConfig.maybe_pull_model_tokenizer_for_runai
-    if getattr(pull, "_aioloader", False):
-        return
-
-    def maybe_pull_model_tokenizer_for_runai(self: Any, model: str, tokenizer: str) -> Any:
-        try:
-            return pull(self, model, tokenizer)
-        except Exception as exc:
-            note = object_storage_fetch_note(str(model)) or object_storage_fetch_note(
-                str(tokenizer)
-            )
-            if note is not None:
-                exc.add_note(note)
-            raise
-
-    maybe_pull_model_tokenizer_for_runai._aioloader = True  # type: ignore[attr-defined]
-    ModelConfig.maybe_pull_model_tokenizer_for_runai = maybe_pull_model_tokenizer_for_runai
 
 
 def _loader_class() -> type:
@@ -322,13 +231,7 @@ def _loader_class() -> type:
 
         def download_model(self, model_config: Any) -> None:
             """Fill the node cache ahead of the load, when one is configured."""
-            cache_dir = self.options.loader.cache_dir
-            url = _weights_url(self.options, model_config)
-            if cache_dir and "://" in url and not url.startswith("file://"):
-                from .cache.model_cache import ModelCache
-
-                cache = cache_dir if isinstance(cache_dir, ModelCache) else ModelCache(cache_dir)
-                asyncio.run(cache.fetch(url, options=self.options.loader))
+            fill_cache(self.options, _weights_url(self.options, model_config))
 
         def load_weights(self, model: Any, model_config: Any) -> None:
             url = _weights_url(self.options, model_config)

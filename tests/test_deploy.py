@@ -19,6 +19,7 @@ import yaml
 import aioloader
 from aioloader.daemon import app
 from aioloader.daemon.config import DAEMON, DEFAULT_GRACE_PERIOD, DEFAULT_PORT
+from aioloader.sources.schemes import remote_names
 from aioloader.vllm import KEYS
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -164,7 +165,7 @@ def _routed_schemes() -> set[str]:
 
 def test_the_image_installs_a_client_for_every_scheme_it_is_sent() -> None:
     routed = _routed_schemes()
-    served = set(app._SCHEMES) | routed
+    served = remote_names() | routed
     assert served <= set(SCHEME_EXTRAS), "a scheme this test does not know: add it above"
     extras = set(tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"])
     needed = {"daemon"}

@@ -15,6 +15,7 @@ files included.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
@@ -26,10 +27,11 @@ from ..options import LoadOptions
 from ..pace import PACE, Pace
 from ..ranges import split
 from ..redact import redacting_logger
-from ..sources.auto import scheme_of, source_for
+from ..sources.auto import scheme_of
 from ..sources.base import Blob, Source, aclose_all
+from ..sources.schemes import listed, remote_names
 from ..tasks import gather
-from ..threads import Lanes, run_blocking
+from ..threads import run_blocking
 from .checksum import DigestMismatch, Published, md5_of_etag
 from .claim import Claim, claim
 from .entry import EntryFiles, Version, cache_error, key_of, version_of
@@ -39,13 +41,11 @@ from .partial import PartialFile
 from .protocol import CacheProtocol
 from .records import CachedModel
 
-__all__ = ["PACE", "REMOTE_SCHEMES", "Pace", "Progress", "fetch_model"]
+__all__ = ["PACE", "Pace", "Progress", "fetch_model"]
 
 logger = redacting_logger(__name__)
 
 Progress = Callable[[int, int], None]
-
-REMOTE_SCHEMES = frozenset({"http", "https", "s3", "gs", "az", "hf"})
 
 
 def _etag_is_not_a_digest(headers: Mapping[str, str]) -> bool:
@@ -255,21 +255,25 @@ async def fetch_model(
     progress: Progress | None,
 ) -> CachedModel:
     """Make every file of the model at ``url`` complete in ``cache``; see ``ModelCache.fetch``."""
+    from ..stack import SourceStack, locate
+
     urls = [url] if isinstance(url, str) else url
     if not urls:
         raise ConfigError("an empty list of URLs was given; pass at least one file")
     for u in urls:
-        if scheme_of(u) not in REMOTE_SCHEMES:
+        if scheme_of(u) not in remote_names():
             raise ConfigError(
-                f"{u} is not remote; the cache holds http(s):// and s3:// files only "
+                f"{u} is not remote; the cache holds {listed(remote=True)} files only "
                 "(load local files directly)"
             )
     limits = options.limits
     assert limits is not None
-    # A fetch owns its threads: the daemon fetches without a Loader.
-    lanes = Lanes(limits.concurrency)
-    source = source_for(urls[0], lanes=lanes, http=options.http, s3=options.s3)
-    executor = lanes.cache
+    where = locate(url)
+    # A fetch owns its threads and sources (the daemon fetches without a Loader); it
+    # reads the store itself, so the stack is built without a cache around it.
+    stack = SourceStack(dataclasses.replace(options, cache_dir=False))
+    source = stack.source(where)
+    executor = stack.lanes.cache
     try:
         layout = await resolve_layout(source, url)
         # Every name is checked before a byte is downloaded.
@@ -284,11 +288,7 @@ async def fetch_model(
             raise cache_error(exc, cache.root, f"linking the files of {urls[0]}") from exc
         await cache.eviction.after_fetch(exclude, executor)
     finally:
-        try:
-            await source.aclose()
-        finally:
-            # Every call into the lanes has returned (run_blocking waits): joins at once.
-            lanes.close()
+        await stack.aclose()
     downloaded = sum(d for _, d in results.values())
     return CachedModel(
         url=url if isinstance(url, str) else urls[0],

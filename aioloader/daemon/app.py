@@ -41,6 +41,7 @@ from ..errors import CacheError, ClosedError, ConfigError, LoaderError
 from ..redact import redacting_logger
 from ..sources.auto import scheme_of
 from ..sources.hf.url import parse_hf_url
+from ..sources.schemes import listed, remote_names
 from .allow import AllowList
 from .downloads import Downloads
 from .metrics import CONTENT_TYPE, Metrics
@@ -57,7 +58,6 @@ __all__ = ["DaemonState", "RequestError", "check_url", "make_app"]
 
 logger = redacting_logger(__name__)
 
-_SCHEMES = ("http", "https", "s3", "gs", "az", "hf")
 _FIELDS = {"url", "id", "priority"}
 _SHAPE = '{"url": "...", "id": "optional", "priority": 0}'
 _MAX_URL = 4096
@@ -118,13 +118,12 @@ def check_url(url: object, allow: AllowList | None = None) -> str:
             f"{bad}); percent-encode it (a newline is %0A, a space %20)",
         )
     scheme = scheme_of(url)
-    if scheme not in _SCHEMES:
+    if scheme not in remote_names():
         raise RequestError(
             400,
             "unsupported_scheme",
             f"URL scheme {scheme!r} is not supported: the daemon caches remote models "
-            "(http://, https://, s3://, gs://, az://, hf://); local paths and file:// URLs "
-            "are already on the node",
+            f"({listed(remote=True)}); local paths and file:// URLs are already on the node",
         )
     try:
         netloc = urlsplit(url).netloc

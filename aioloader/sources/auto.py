@@ -1,4 +1,4 @@
-"""Pick the storage backend for a URL.
+"""Pick the storage backend for a URL, from the scheme table (schemes.py).
 
 Each backend is imported when a URL of its kind is first used, so that importing
 aioloader imports neither aiohttp nor the remote stores' modules.
@@ -6,6 +6,7 @@ aioloader imports neither aiohttp nor the remote stores' modules.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 from urllib.parse import urlparse
 
@@ -13,8 +14,9 @@ from ..config import HttpOptions, S3Options
 from ..errors import ConfigError
 from ..threads import Lanes
 from .base import Source
+from .schemes import listed, scheme_named
 
-__all__ = ["scheme_of", "source_for", "store_of"]
+__all__ = ["scheme_of", "source_for", "store_of", "unsupported"]
 
 
 def scheme_of(url: str) -> str:
@@ -56,6 +58,14 @@ def store_of(url: str) -> str:
     return scheme_of(url)
 
 
+def unsupported(url: str) -> ConfigError:
+    """The error for a URL whose scheme no backend reads."""
+    return ConfigError(
+        f"{url}: URL scheme {scheme_of(url)!r} is not supported; aioloader reads local "
+        f"paths, {listed()} URLs"
+    )
+
+
 def source_for(
     url: str,
     *,
@@ -72,32 +82,10 @@ def source_for(
     Raises:
         ConfigError: no backend reads this kind of URL.
     """
-    scheme = scheme_of(url)
-    if _is_azure(url):
-        from .azure.source import AzureSource
-
-        return AzureSource(lanes, http)
-    if scheme == "file":
-        from .file import FileSource
-
-        return FileSource(lanes)
-    if scheme in ("http", "https"):
-        from .http.source import HttpSource
-
-        return HttpSource(lanes, http)
-    if scheme == "s3":
-        from .s3.source import S3Source
-
-        return S3Source(lanes, http, s3)
-    if scheme == "gs":
-        from .gcs.source import GcsSource
-
-        return GcsSource(lanes, http)
-    if scheme == "hf":
-        from .hf.source import HfSource
-
-        return HfSource(lanes, http, hf_check)
-    raise ConfigError(
-        f"{url}: URL scheme {scheme!r} is not supported; aioloader reads local paths, "
-        "file://, http://, https://, s3://, gs://, az:// and hf:// URLs"
-    )
+    row = scheme_named("az") if _is_azure(url) else scheme_named(scheme_of(url))
+    if row is None:
+        raise unsupported(url)
+    module = importlib.import_module(f"{__package__}.{row.module}")
+    settings = {"http": http, "s3": s3, "hf_check": hf_check}
+    source: Source = getattr(module, row.cls)(lanes, *(settings[t] for t in row.takes))
+    return source

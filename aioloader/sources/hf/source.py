@@ -172,10 +172,9 @@ class HfSource(Source):
         except NoAnswer as silence:
             return self._check.settle(settings, location, cached, silence)
 
-    async def cached_commit(self, url: str) -> str | None:
-        """The commit the hub cache last saw ``url``'s branch or tag at, when it holds
-        that commit's listing too; None for a commit sha, offline, or nothing cached."""
-        location = parse_hf_url(url)
+    async def cached_commit(self, location: HfLocation) -> str | None:
+        """The commit the hub cache last saw ``location``'s branch or tag at, when it
+        holds that commit's listing too; None for a commit sha, offline, or nothing cached."""
         settings = await self._settings_now()
         if settings.offline or is_commit(location.revision):
             return None
@@ -186,8 +185,8 @@ class HfSource(Source):
         self._keep(snapshot)  # the load of that commit finds its listing here
         return snapshot.sha
 
-    async def current_commit(self, url: str, cached: str) -> str:
-        """The commit ``url``'s revision points to now: the Hub's answer, or ``cached``
+    async def current_commit(self, location: HfLocation, cached: str) -> str:
+        """The commit ``location``'s revision points to now: the Hub's answer, or ``cached``
         (the hub cache's commit for it) when the Hub gives no answer in time.
 
         Asked with one GET of the revision's API page on the event loop (revision.py),
@@ -200,7 +199,6 @@ class HfSource(Source):
             SourceError: as for a load (access, a missing repository or revision); no
                 answer while freshness is demanded (``RevisionCheck.fresh``).
         """
-        location = parse_hf_url(url)
         sha = await self._ask(location, cached)
         if sha is not None:
             return sha

@@ -25,31 +25,33 @@ from typing import TypeVar
 
 from ...tasks import gather
 from .source import HfSource
-from .url import parse_hf_url
+from .url import HfLocation
 
 __all__ = ["load_warm"]
 
 T = TypeVar("T")
 
 
-async def load_warm(source: HfSource, url: str, load: Callable[[str], Awaitable[T]]) -> T:
-    """``await load(url)``, started from the hub cache's commit for ``url``'s revision
+async def load_warm(
+    source: HfSource, location: HfLocation, load: Callable[[HfLocation], Awaitable[T]]
+) -> T:
+    """``await load(location)``, started from the hub cache's commit for its revision
     when there is one (see the module docstring).
 
     Args:
         source: the HfSource ``load`` reads through.
-        url: an ``hf://`` URL.
-        load: loads a URL; called once, or twice when the revision has moved.
+        location: where on the Hub (an ``hf://`` URL, parsed).
+        load: loads a place on the Hub; called once, or twice when the revision has moved.
     """
-    cached = await source.cached_commit(url)
+    cached = await source.cached_commit(location)
     if cached is None:
-        return await load(url)
-    pinned = parse_hf_url(url).at(revision=cached).url()
+        return await load(location)
+    pinned = location.at(revision=cached)
     now: list[str] = []
     done: list[T] = []
 
     async def ask() -> None:
-        now.append(await source.current_commit(url, cached))
+        now.append(await source.current_commit(location, cached))
 
     async def read() -> None:
         done.append(await load(pinned))
@@ -58,4 +60,4 @@ async def load_warm(source: HfSource, url: str, load: Callable[[str], Awaitable[
     if now[0] == cached:
         return done[0]
     done.clear()
-    return await load(url)
+    return await load(location)
