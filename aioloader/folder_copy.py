@@ -26,7 +26,6 @@ and those of the old version are removed; files it did not write stay).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import shutil
 import time
@@ -43,7 +42,7 @@ from .layout import resolve_layout
 from .options import LoadKeywords, LoadOptions
 from .redact import redacting_logger
 from .sources.base import Blob, Source
-from .stack import SourceStack, locate
+from .sources.stores import Stores, locate
 from .tasks import gather
 from .threads import Lane, run_blocking
 
@@ -306,7 +305,7 @@ async def copy_folder(
     started = time.perf_counter()
     where = locate(src)
     # The copy reads the store itself: no node cache around it.
-    async with SourceStack(dataclasses.replace(built, cache_dir=False)) as stack:
+    async with Stores(built) as stack:
         source = stack.source(where)
         copies = await files_to_copy(source, src)
         lane = stack.lanes.cache

@@ -20,14 +20,13 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import Limits
 from .devices.base import Device, SpanAllocation, Staged
 from .errors import ReadError, SelectionError
 from .open_model import OpenModel, check_layout, open_model
 from .plan import Read, Span, plan_reads
-from .ranks import Ranks
 from .redact import redacting_logger
 from .report import LoadReport, cache_outcome
 from .rows import Rows, narrow, rows_of
@@ -35,6 +34,11 @@ from .safetensors import FileHeader, TensorInfo
 from .staging import ByteBudget, Share
 from .tasks import gather
 from .threads import Lanes, run_blocking
+
+if TYPE_CHECKING:
+    # A load is given its ranks (Solo, or Group with group=): the ranks, the exchange
+    # and the agreement are imported only by the Loader that makes them.
+    from .ranks import Ranks
 
 # ``open_model`` is the first step of every load: importable from here too.
 __all__ = ["Load", "OpenModel", "Progress", "Selection", "open_model"]

@@ -26,7 +26,9 @@ Per owner (a ``Loader``, or one call of a ``ModelCache`` used without one), in
 Owned by one object for the length of a use, one thread each (their work is
 ordered): ``Lane("copy", 1)``, a staged device's copy stream (devices/staged.py);
 ``Lane("exchange", 1)``, a group's broadcasts, per load (distributed.py); and
-``start_thread("vllm", ...)``, the event loop of one vLLM weight stream (vllm.py).
+``start_thread``'s threads, each the event loop of one sync call (sync.py):
+``sync``, a call made by synchronous code that may stand on a running loop's thread
+(vLLM's cache fill), and ``vllm``, one vLLM weight stream (vllm.py).
 
 Per process, on purpose (``SharedPool``): ``cache-write``, the writes of a load's
 bytes into the cache after the load has returned (cache/write_after.py), and

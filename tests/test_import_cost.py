@@ -76,11 +76,6 @@ def test_the_loader_loads_no_remote_store() -> None:
     assert not _within(loaded, stores)
 
 
-@pytest.mark.xfail(
-    reason="api.py still wires the node cache, the Hub and the ranks when imported; "
-    "the source stack that builds them moves below it",
-    strict=False,
-)
 def test_the_loader_loads_no_cache_hub_or_ranks() -> None:
     loaded = _loaded_after("from aioloader import load_model")
     assert not _within(loaded, _LATER)

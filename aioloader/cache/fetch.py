@@ -15,7 +15,6 @@ files included.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
@@ -30,6 +29,7 @@ from ..redact import redacting_logger
 from ..sources.auto import scheme_of
 from ..sources.base import Blob, Source, aclose_all
 from ..sources.schemes import listed, remote_names
+from ..sources.stores import Stores, locate
 from ..tasks import gather
 from ..threads import run_blocking
 from .checksum import DigestMismatch, Published, md5_of_etag
@@ -255,8 +255,6 @@ async def fetch_model(
     progress: Progress | None,
 ) -> CachedModel:
     """Make every file of the model at ``url`` complete in ``cache``; see ``ModelCache.fetch``."""
-    from ..stack import SourceStack, locate
-
     urls = [url] if isinstance(url, str) else url
     if not urls:
         raise ConfigError("an empty list of URLs was given; pass at least one file")
@@ -270,10 +268,10 @@ async def fetch_model(
     assert limits is not None
     where = locate(url)
     # A fetch owns its threads and sources (the daemon fetches without a Loader); it
-    # reads the store itself, so the stack is built without a cache around it.
-    stack = SourceStack(dataclasses.replace(options, cache_dir=False))
-    source = stack.source(where)
-    executor = stack.lanes.cache
+    # reads the store itself, with no cache around it.
+    stores = Stores(options)
+    source = stores.source(where)
+    executor = stores.lanes.cache
     try:
         layout = await resolve_layout(source, url)
         # Every name is checked before a byte is downloaded.
@@ -288,7 +286,7 @@ async def fetch_model(
             raise cache_error(exc, cache.root, f"linking the files of {urls[0]}") from exc
         await cache.eviction.after_fetch(exclude, executor)
     finally:
-        await stack.aclose()
+        await stores.aclose()
     downloaded = sum(d for _, d in results.values())
     return CachedModel(
         url=url if isinstance(url, str) else urls[0],

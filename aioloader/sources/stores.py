@@ -1,0 +1,169 @@
+"""The stores a URL list is read from, and one Source per store.
+
+``locate`` parses a URL (or a list of file URLs) once into a ``Location``: its
+scheme's row (schemes.py), its store and, for one ``hf://`` URL, its place on the
+Hub; that is what travels on. ``Stores`` keeps one Source per store (``store_of``:
+an Azure account's SAS or token must not reach another host), built on first use
+from the settings, and closes them, then its lanes when it made them.
+
+This is what reads a store as it is (a fetch, a folder copy, an inspection); the
+caches a load reads through are layered on top by aioloader/stack.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, cast
+
+from ..errors import ConfigError
+from ..options import LoadOptions
+from ..threads import Lanes
+from .auto import scheme_of, source_for, store_of, unsupported
+from .base import Source
+from .schemes import Scheme, scheme_named
+
+if TYPE_CHECKING:
+    from .hf.source import HfSource
+    from .hf.url import HfLocation
+
+__all__ = ["URL", "Location", "Stores", "locate"]
+
+URL = str | Sequence[str]
+
+
+@dataclass(frozen=True)
+class Location:
+    """A load's URL, parsed once.
+
+    Attributes:
+        url: as given: one URL, or a tuple of file URLs of one store.
+        scheme: the first URL's scheme's row.
+        store: the store its Source is kept under (``store_of``).
+        hf: the place on the Hub of a single ``hf://`` URL; None otherwise.
+    """
+
+    url: str | tuple[str, ...]
+    scheme: Scheme
+    store: str
+    hf: HfLocation | None = None
+
+    @property
+    def first(self) -> str:
+        """The URL, or the first of the list."""
+        return self.url if isinstance(self.url, str) else self.url[0]
+
+    def on_hub(self, hf: HfLocation) -> Location:
+        """The same load at another place on the Hub (a revision pinned to its commit)."""
+        return replace(self, url=hf.url(), hf=hf)
+
+
+def locate(url: URL) -> Location:
+    """Parse ``url`` (see ``Location``).
+
+    Raises:
+        ConfigError: an empty list, URLs of different stores, a scheme no backend
+            reads, or a malformed URL (an ``hf://`` one names the part that is wrong).
+    """
+    urls = (url,) if isinstance(url, str) else tuple(url)
+    if not urls:
+        raise ConfigError("an empty list of URLs was given; pass at least one file")
+    stores = {store_of(u) for u in urls}
+    if len(stores) > 1:
+        raise ConfigError(
+            f"the URLs are in different stores ({', '.join(sorted(stores))}); load them separately"
+        )
+    row = scheme_named(scheme_of(urls[0]))
+    if row is None:
+        raise unsupported(urls[0])
+    hf = None
+    if row.name == "hf" and isinstance(url, str):
+        from .hf.url import parse_hf_url
+
+        hf = parse_hf_url(url)
+    return Location(url if isinstance(url, str) else urls, row, stores.pop(), hf)
+
+
+class Stores:
+    """One Source per store, for one owner (a Loader, a fetch, a folder copy).
+
+    Args:
+        options: the settings (http, s3, the hf:// revision check).
+        lanes: the owner's threads, closed by the owner; None: made here
+            (``options.limits.concurrency``) and closed in ``aclose``.
+
+    Use as ``async with Stores(options) as stores:``, or call ``aclose``.
+    """
+
+    def __init__(self, options: LoadOptions, lanes: Lanes | None = None) -> None:
+        self.options = options
+        self._owns_lanes = lanes is None
+        if lanes is None:
+            limits = options.limits
+            assert limits is not None
+            lanes = Lanes(limits.concurrency)
+        self.lanes = lanes
+        self._sources: dict[str, Source] = {}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {sorted(self._sources)}>"
+
+    @property
+    def opened(self) -> bool:
+        """Whether any source was built (and so needs ``aclose``)."""
+        return bool(self._sources)
+
+    def source(self, where: Location) -> Source:
+        """The Source of ``where``'s store, built on first use."""
+        source = self._sources.get(where.store)
+        if source is None:
+            check = self._hf_check() if where.scheme.name == "hf" else None
+            source = self._sources[where.store] = source_for(
+                where.first,
+                lanes=self.lanes,
+                http=self.options.http,
+                s3=self.options.s3,
+                hf_check=check,
+            )
+        return source
+
+    def hub(self, where: Location) -> HfSource:
+        """The Source of an ``hf://`` location (the table's hf row builds an HfSource)."""
+        return cast("HfSource", self.source(where))
+
+    def _hf_check(self) -> Any:
+        from .hf.revision import RevisionCheck
+
+        return RevisionCheck(self.options.hf_revision_timeout, self.options.hf_fresh)
+
+    def statistics(self) -> dict[str, Any]:
+        """Each store's request statistics (remote stores), keyed by store."""
+        found = {}
+        for store, source in self._sources.items():
+            stats = source.statistics()
+            if stats is not None:
+                found[store] = stats
+        return found
+
+    async def __aenter__(self) -> Stores:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every source built, then the lanes if made here; idempotent."""
+        sources, self._sources = list(self._sources.values()), {}
+        try:
+            for source in sources:
+                await source.aclose()
+        finally:
+            if self._owns_lanes:
+                # Every call into them has returned (run_blocking waits): joins at once.
+                self.lanes.close()
