@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Unpack
 
 from .config import Limits
@@ -17,6 +16,7 @@ from .options import LoadKeywords, LoadOptions
 from .pipeline import Load, Progress, Selection, open_model
 from .redact import redact
 from .report import LoadReport
+from .resource import AsyncResource
 from .rows import Rows
 from .safetensors import FileHeader
 from .stack import URL, Location, SourceStack, locate
@@ -92,7 +92,7 @@ class ModelInfo:
         return merged
 
 
-class Loader:
+class Loader(AsyncResource):
     """A long-lived loader: keeps thread pools and budgets between loads.
 
     Takes a ``LoadOptions``, or its keywords one by one (all listed, with the
@@ -162,14 +162,6 @@ class Loader:
     async def __aenter__(self) -> Loader:
         self._check_open()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .errors import FormatError, HeaderError, NotFoundError
 from .layout import ModelLayout, resolve_layout
+from .resource import AsyncResource
 from .safetensors import (
     PREFIX_SIZE,
     FileHeader,
@@ -82,7 +83,7 @@ async def load_headers(
 
 
 @dataclass
-class OpenModel:
+class OpenModel(AsyncResource):
     """A model whose files are open and whose headers are read and validated.
 
     Use as ``async with await open_model(...) as model``; closing closes every file.
@@ -94,12 +95,6 @@ class OpenModel:
 
     async def aclose(self) -> None:
         await aclose_all(self.blobs)
-
-    async def __aenter__(self) -> OpenModel:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 async def open_model(source: Source, url: str | Sequence[str], lanes: Lanes) -> OpenModel:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..redact import redacting_logger
+from ..resource import AsyncResource
 from ..threads import Lane, run_blocking
 from .metrics import Metrics
 from .state import ModelRecord, Registry, display_url
@@ -40,7 +40,7 @@ REFRESH_INTERVAL = 5.0
 """Seconds between checks for files that other processes removed from the cache."""
 
 
-class CacheWatch:
+class CacheWatch(AsyncResource):
     """Marks ready models whose files left the cache as ``evicted``.
 
     Use as ``async with CacheWatch(cache, registry, metrics) as watch:``; the
@@ -74,14 +74,6 @@ class CacheWatch:
             self._run(), name="aioloader cache watch"
         )
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Stop the periodic check; idempotent."""

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ConfigError
 from ..options import LoadOptions
+from ..resource import AsyncResource
 from ..threads import Lanes
 from .auto import scheme_of, source_for, store_of, unsupported
 from .base import Source
@@ -85,7 +85,7 @@ def locate(url: URL) -> Location:
     return Location(url if isinstance(url, str) else urls, row, stores.pop(), hf)
 
 
-class Stores:
+class Stores(AsyncResource):
     """One Source per store, for one owner (a Loader, a fetch, a folder copy).
 
     Args:
@@ -145,17 +145,6 @@ class Stores:
             if stats is not None:
                 found[store] = stats
         return found
-
-    async def __aenter__(self) -> Stores:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close every source built, then the lanes if made here; idempotent."""
