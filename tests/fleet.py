@@ -79,6 +79,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+# The nodes are reached directly, whatever proxy the environment names.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -126,7 +130,7 @@ class Node:
         if bearer:
             request.add_header("Authorization", f"Bearer {bearer}")
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with _OPENER.open(request, timeout=timeout) as response:
                 status, raw, kind = response.status, response.read(), response.headers
         except urllib.error.HTTPError as exc:
             status, raw, kind = exc.code, exc.read(), exc.headers
@@ -335,9 +339,10 @@ class Fleet:
             i: self.wait_ready(i, model_id, max(1.0, deadline - time.monotonic())) for i in chosen
         }
 
-    def mismatches(self, i: int, model: Model, origin: Origin) -> list[str]:
+    def mismatches(self, i: int, model: Model, origin: Origin, tensors: bool = True) -> list[str]:
         """The files of ``model`` whose bytes in node ``i``'s cache differ from the origin's
-        (empty: bit-identical); each shard is also read back with ``safetensors``."""
+        (empty: bit-identical); with ``tensors`` each shard is also read back with
+        ``safetensors``."""
         from safetensors.numpy import load_file
 
         wrong = []
@@ -348,7 +353,7 @@ class Fleet:
                 wrong.append(f"{rel}: not in node {i}'s cache ({entry})")
             elif digest(entry) != digest(path):
                 wrong.append(f"{rel}: node {i}'s copy differs from the origin's")
-            elif path.suffix == ".safetensors":
+            elif tensors and path.suffix == ".safetensors":
                 ours, theirs = load_file(str(entry)), load_file(str(path))
                 if ours.keys() != theirs.keys() or any(
                     ours[k].tobytes() != theirs[k].tobytes() for k in ours

@@ -3,6 +3,7 @@ their index, written with the ``safetensors`` library."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -60,8 +61,15 @@ def write_model(folder: Path, size: int, shards: int = 4, seed: int = 0) -> Mode
 
 
 def digest(path: Path) -> str:
+    """The SHA-256 of a file (remembered while its size and mtime stay the same)."""
+    st = path.stat()
+    return _digest(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256()
-    with path.open("rb") as fh:
+    with open(path, "rb") as fh:
         while chunk := fh.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
