@@ -43,8 +43,9 @@ from tests.fleet import Fleet, Model, Origin, swarm_missing, write_model  # noqa
 
 MODEL_ID = "bench"
 # Bytes per second a run moves through cache writes and checks in all, on two vCPUs
-# (a guess, from runs of this script: the feasibility check's only constant).
-_MOVED_PER_SECOND = 300e6
+# (8 nodes x 128 MiB without the swarm moved about 120 MB/s into the caches, the
+# check reads faster): the feasibility check's only constant.
+_MOVED_PER_SECOND = 200e6
 TARGETS = {
     "cold": "origin <= 1.05x, slowest <= 2.0x single (stretch 1.5x)",
     "join": "origin 0 bytes, slowest <= 1.3x single",

@@ -126,6 +126,8 @@ def test_without_peers_every_node_pulls_its_own_bit_identical_copy(
         assert origin.bytes_by_path()[model.relpath(path, origin.root)] >= 3 * size
     for node in fleet.nodes:
         assert node.sample("aioloader_daemon_fetched_bytes_total") == model.size
+    _corrupt_entries(fleet, 2, model, origin)  # the check above is not blind
+    assert len(fleet.mismatches(2, model, origin)) == len(model.shards)
 
 
 def test_a_node_killed_mid_download_restarts_and_finishes(
@@ -249,9 +251,10 @@ def test_a_peer_serving_corrupt_pieces_does_not_spoil_the_load(
     origin.reset_counters()
     fleet.start(2)
     fleet.post(2, _url(origin, model), "llm")
-    fleet.wait_ready(2, "llm", seconds=120)
+    record = fleet.wait_ready(2, "llm", seconds=120)
     _identical(fleet, [2], model, origin)
     assert origin.bytes_total <= 1.05 * model.size
+    assert _swarm_bytes(record)[1] > 0  # the good peer served it, not the origin alone
 
 
 @needs_swarm
