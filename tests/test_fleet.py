@@ -1,0 +1,319 @@
+"""A fleet of real daemons and one counting origin (tests/fleet.py).
+
+Without ``--peers`` every node pulls its own copy from the origin, as the daemon
+always did: the rig's own tests check that, bit for bit, and a node killed in the
+middle of it. With peers the nodes share one download: a cold cluster, a leader
+killed halfway, peers listed but down, a peer holding corrupt bytes, a node joining
+late and a node outside the list. Those need the swarm and skip where the tree has
+none. Every assertion is on bytes (the origin's count, the nodes' records, the
+cache's files), never on time: speed targets live in scripts/fleet_bench.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from .fleet import Fleet, Model, Origin, daemon_flag, swarm_missing, write_model
+
+pytest.importorskip("prometheus_client")
+
+PROBE = 256 * 1024  # the first GET of a file reads this much again (HttpSource.PROBE_SIZE)
+MIB = 1 << 20
+
+_MISSING = swarm_missing()
+needs_swarm = pytest.mark.skipif(_MISSING is not None, reason=f"needs the node swarm: {_MISSING}")
+# Short bounds, so that a stalled swarm or a missing peer costs seconds, not minutes.
+SWARM_ARGS = [
+    *(["--swarm-wait", "1"] if daemon_flag("swarm_wait") else []),
+    *(["--swarm-stall", "5"] if daemon_flag("swarm_stall") else []),
+]
+
+MakeFleet = Callable[..., Fleet]
+
+
+@pytest.fixture
+def origin(tmp_path: Path) -> Iterator[Origin]:
+    (tmp_path / "origin").mkdir()
+    with Origin(tmp_path / "origin") as server:
+        yield server
+
+
+@pytest.fixture
+def model(origin: Origin) -> Model:
+    # Shards of 8 MiB: the probe read twice per file stays within 5 % of the model.
+    return write_model(origin.root / "llm", 16 * MIB, shards=2)
+
+
+@pytest.fixture
+def make_fleet(tmp_path: Path) -> Iterator[MakeFleet]:
+    fleets: list[Fleet] = []
+
+    def make(n: int, swarm: bool = False, **kw: object) -> Fleet:
+        args = SWARM_ARGS if swarm else []
+        fleet = Fleet(n, tmp_path / f"fleet{len(fleets)}", swarm=swarm, args=args, **kw)  # type: ignore[arg-type]
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        fleet.close()
+
+
+def _url(origin: Origin, model: Model) -> str:
+    return origin.url_for(model.relpath(model.index, origin.root))
+
+
+def _identical(fleet: Fleet, nodes: list[int], model: Model, origin: Origin) -> None:
+    wrong = [line for i in nodes for line in fleet.mismatches(i, model, origin)]
+    assert wrong == []
+
+
+# -- the rig, and the daemon as it is without peers ----------------------------------------
+
+
+def test_origin_serves_ranges_counts_and_corrupts(origin: Origin) -> None:
+    data = bytes(range(256)) * 64
+    (origin.root / "blob").write_bytes(data)
+
+    def get(headers: dict[str, str], method: str = "GET") -> tuple[int, bytes]:
+        request = urllib.request.Request(origin.url_for("blob"), headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    assert get({"Range": "bytes=10-19"}) == (206, data[10:20])
+    assert get({"Range": "bytes=-5"}) == (206, data[-5:])
+    assert get({}, "HEAD") == (200, b"")
+    assert get({"Range": f"bytes={len(data)}-"})[0] == 416
+    assert get({"If-Match": '"other"'})[0] == 412
+    assert get({"Range": "bytes=0-0", "If-Range": '"other"'}) == (200, data)
+    assert origin.bytes_total == 10 + 5 + len(data)
+    assert origin.bytes_by_path() == {"blob": 10 + 5 + len(data)}
+    origin.corrupt("blob", 3)
+    status, body = get({"Range": "bytes=0-7"})
+    assert (
+        status == 206 and body[3] == data[3] ^ 0xFF and body[:3] + body[4:] == data[:3] + data[4:8]
+    )
+    origin.reset_counters()
+    assert origin.bytes_total == 0 and origin.served == []
+    assert get({}, "GET")[0] == 200 and origin.bytes_by_client() == {"127.0.0.1": len(data)}
+
+
+def test_without_peers_every_node_pulls_its_own_bit_identical_copy(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    fleet = make_fleet(3)
+    fleet.start()
+    assert [n.host for n in fleet.nodes] == ["127.0.0.10", "127.0.0.11", "127.0.0.12"]
+    url = _url(origin, model)
+    for i in range(3):
+        fleet.post(i, url, "llm")
+    records = fleet.wait_all("llm")
+    assert all(r["bytes_total"] == model.size for r in records.values())
+    _identical(fleet, [0, 1, 2], model, origin)
+    files = len(model.files)
+    assert 3 * model.size <= origin.bytes_total <= 3 * (model.size + files * PROBE)
+    for path in model.files:
+        size = path.stat().st_size
+        assert origin.bytes_by_path()[model.relpath(path, origin.root)] >= 3 * size
+    for node in fleet.nodes:
+        assert node.sample("aioloader_daemon_fetched_bytes_total") == model.size
+    _corrupt_entries(fleet, 2, model, origin)  # the check above is not blind
+    assert len(fleet.mismatches(2, model, origin)) == len(model.shards)
+
+
+def test_a_node_killed_mid_download_restarts_and_finishes(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    fleet = make_fleet(2)
+    fleet.start()
+    url = _url(origin, model)
+    origin.hold_after(model.size)  # about half of each node's copy
+    fleet.post(0, url, "llm")
+    fleet.post(1, url, "llm")
+    fleet.wait_for(fleet[0], lambda _: origin.paused, 30, "the origin to hold halfway")
+    fleet.kill(0)
+    origin.resume()
+    fleet.wait_ready(1, "llm")
+    fleet.start(0)  # the registry starts empty: the model is asked for again
+    fleet.post(0, url, "llm")
+    fleet.wait_ready(0, "llm")
+    _identical(fleet, [0, 1], model, origin)
+    assert list(fleet[0].cache_dir.glob("entries/*/data.partial")) == []
+    assert origin.bytes_total <= 3 * (model.size + len(model.files) * PROBE)
+
+
+# -- with peers: one download per cluster ---------------------------------------------
+
+
+def _swarm_bytes(record: dict[str, object]) -> tuple[int, int]:
+    """(bytes from the origin, bytes from peers) as a node's record says."""
+    assert "bytes_from_origin" in record and "bytes_from_peers" in record, record
+    return int(record["bytes_from_origin"]), int(record["bytes_from_peers"])  # type: ignore[call-overload]
+
+
+def _ready_pair(origin: Origin, model: Model, fleet: Fleet) -> str:
+    """Nodes 0 and 1 up, both holding the model; its URL."""
+    fleet.start(0, 1)
+    url = _url(origin, model)
+    fleet.post(0, url, "llm")
+    fleet.post(1, url, "llm")
+    fleet.wait_all("llm", [0, 1])
+    return url
+
+
+@needs_swarm
+def test_cold_cluster_reads_about_one_copy_from_the_origin(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    fleet = make_fleet(4, swarm=True)
+    fleet.start()
+    url = _url(origin, model)
+    for i in range(4):
+        fleet.post(i, url, "llm")
+    records = fleet.wait_all("llm", seconds=120)
+    _identical(fleet, [0, 1, 2, 3], model, origin)
+    assert origin.bytes_total <= 1.05 * model.size
+    # Three of the four nodes had (nearly) everything from their peers.
+    from_peers = sum(_swarm_bytes(r)[1] for r in records.values())
+    assert from_peers >= 3 * 0.95 * model.size
+
+
+@needs_swarm
+def test_listed_peers_that_are_down_fall_back_to_the_origin(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    fleet = make_fleet(3, swarm=True)
+    fleet.start(0)  # nodes 1 and 2 are listed, never started
+    fleet.post(0, _url(origin, model), "llm")
+    record = fleet.wait_ready(0, "llm", seconds=90)
+    _identical(fleet, [0], model, origin)
+    assert model.size <= origin.bytes_total <= 1.05 * model.size
+    assert _swarm_bytes(record)[1] == 0
+
+
+@needs_swarm
+def test_leader_killed_halfway_every_other_node_finishes(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    from aioloader.swarm.manifest import model_key
+    from aioloader.swarm.rendezvous import ranked
+
+    fleet = make_fleet(3, swarm=True)
+    fleet.start()
+    url = _url(origin, model)
+    ids = {}
+    for node in fleet.nodes:
+        status, body = node.get("/v1/swarm/node")
+        assert status == 200, body
+        ids[body["node"]] = node.index
+    leader = ids[ranked(model_key(url), list(ids))[0]]
+    origin.hold_after(model.size // 2)
+    for i in range(3):
+        fleet.post(i, url, "llm")
+    fleet.wait_for(fleet[leader], lambda _: origin.paused, 60, "the origin to hold halfway")
+    fleet.kill(leader)
+    origin.resume()
+    survivors = [i for i in range(3) if i != leader]
+    fleet.wait_all("llm", survivors, seconds=120)
+    _identical(fleet, survivors, model, origin)
+    assert origin.bytes_total <= 2 * model.size
+
+
+def _corrupt_entries(fleet: Fleet, i: int, model: Model, origin: Origin) -> None:
+    """Flip a byte every 256 KiB of the tensor data of node ``i``'s cached shards."""
+    for path in model.shards:
+        entry = fleet[i].entry(origin.url_for(model.relpath(path, origin.root)))
+        with entry.open("r+b") as fh:
+            start = 8 + int.from_bytes(fh.read(8), "little")
+            for at in range(start, entry.stat().st_size, 256 * 1024):
+                fh.seek(at)
+                byte = fh.read(1)
+                fh.seek(at)
+                fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+@needs_swarm
+def test_a_peer_serving_corrupt_pieces_does_not_spoil_the_load(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    fleet = make_fleet(3, swarm=True)
+    _ready_pair(origin, model, fleet)
+    _corrupt_entries(fleet, 0, model, origin)
+    origin.reset_counters()
+    fleet.start(2)
+    fleet.post(2, _url(origin, model), "llm")
+    record = fleet.wait_ready(2, "llm", seconds=120)
+    _identical(fleet, [2], model, origin)
+    assert origin.bytes_total <= 1.05 * model.size
+    assert _swarm_bytes(record)[1] > 0  # the good peer served it, not the origin alone
+
+
+@needs_swarm
+def test_a_node_joining_later_reads_no_body_bytes_from_the_origin(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    fleet = make_fleet(3, swarm=True)
+    url = _ready_pair(origin, model, fleet)
+    origin.reset_counters()
+    fleet.start(2)
+    fleet.post(2, url, "llm")
+    record = fleet.wait_ready(2, "llm", seconds=90)
+    _identical(fleet, [2], model, origin)
+    assert origin.bytes_total == 0, origin.served
+    from_origin, from_peers = _swarm_bytes(record)
+    assert from_origin == 0 and from_peers >= sum(p.stat().st_size for p in model.shards)
+
+
+@needs_swarm
+def test_a_node_outside_the_list_cannot_take_part(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    from aioloader.swarm.manifest import model_key
+
+    fleet = make_fleet(2, swarm=True)
+    url = _ready_pair(origin, model, fleet)
+    key = model_key(url)
+    for path in ("/v1/swarm/node", f"/v1/swarm/models/{key}"):
+        assert fleet[0].get(path, token="")[0] == 401
+        assert fleet[0].get(path, token="0" * 32)[0] == 401
+        assert fleet[0].get(path)[0] == 200
+    # Even holding the token, a node the others do not list gets no piece from them.
+    outsider = fleet.add(listed=False)
+    origin.reset_counters()
+    fleet.start(outsider.index)
+    fleet.post(outsider.index, url, "llm")
+    record = fleet.wait_ready(outsider.index, "llm", seconds=120)
+    _identical(fleet, [outsider.index], model, origin)
+    assert _swarm_bytes(record)[1] == 0
+    assert origin.bytes_total >= model.size
+
+
+@needs_swarm
+def test_manifests_and_torrents_carry_no_credentials(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    from aioloader.swarm.manifest import model_key
+
+    secret = "hush0a1b2c3d4e5f"
+    fleet = make_fleet(2, swarm=True)
+    fleet.start(0, 1)
+    url = f"{_url(origin, model)}?X-Amz-Signature={secret}"
+    fleet.post(0, url, "llm")
+    fleet.post(1, url, "llm")
+    fleet.wait_all("llm", [0, 1])
+    status, manifest = fleet[0].get(f"/v1/swarm/models/{model_key(url)}")
+    assert status == 200, manifest
+    seen = [json.dumps(manifest), fleet[0].metrics(), json.dumps(fleet[0].get("/v1/models")[1])]
+    for entry in manifest["files"]:
+        if entry.get("torrent"):
+            seen.append(base64.b64decode(entry["torrent"]).decode("latin-1"))
+    assert [text for text in seen if secret in text] == []
