@@ -101,7 +101,11 @@ class HttpBlob(Blob):
         if end <= len(self._head):
             filler.write(self._head[offset:end])
             return
-        await take(filler.total)  # a paced fetch's bytes (pace.py): before the request
+        if self._ranged and offset < len(self._head):
+            # The probe read the start of this range already: only the rest is asked for
+            # (_fetch_range starts where the filler stands), so no byte comes twice.
+            filler.write(self._head[offset:])
+        await take(filler.remaining)  # a paced fetch's bytes (pace.py): before the request
 
         def progress() -> int:
             return filler.written
