@@ -206,9 +206,13 @@ async def _inspect(args: argparse.Namespace) -> int:
 
 
 async def _fetch(args: argparse.Namespace) -> int:
+    from .daemon_client import from_args, printer
     from .folder_copy import copy_folder
 
-    done = await copy_folder(args.src, args.dest, **_load_options(args))
+    through = from_args(args)
+    if through:
+        through["progress"] = printer(sys.stderr)
+    done = await copy_folder(args.src, args.dest, **_load_options(args), **through)
     print(done.summary(), file=sys.stderr)
     for name in done.files:
         print(name)
@@ -282,13 +286,17 @@ def _parser() -> argparse.ArgumentParser:
         "sub-folders included, land under their names only when all are complete; prints the "
         "names copied. DEST keeps the files fetch did not write; those an earlier fetch wrote "
         "(recorded in DEST/.aioloader-fetch.json) and the new version lacks are removed, so "
-        "DEST then holds exactly the new version.",
+        "DEST then holds exactly the new version. With --daemon, the node's daemon downloads "
+        "the model and fetch copies what it holds from it.",
     )
     fetch.add_argument("src", help="folder, index or .safetensors URL: hf://, s3://, gs://, ...")
     fetch.add_argument(
         "dest", help="the local folder (made if missing); fetch removes only what it wrote there"
     )
     _add_load_options(fetch)
+    from .daemon_client import add_arguments as add_daemon_arguments
+
+    add_daemon_arguments(fetch)
 
     cache = sub.add_parser("cache", parents=[common], help="look after a node-local model cache")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)

@@ -21,11 +21,16 @@ left by a killed copy is removed by the next. Two copies into one DEST take turn
 (a lock on the folder). A fetch into a DEST that an earlier fetch filled leaves
 exactly the new version there (folder_dest.py: the files fetch wrote are recorded,
 and those of the old version are removed; files it did not write stay).
+
+With ``daemon=`` (``aioloader fetch --daemon URL``) the node's daemon downloads the
+model into its cache first, and the files it holds are copied from there
+(daemon_client.py); the others (config, tokenizer) still come from the origin.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
@@ -36,12 +41,15 @@ from typing import TypeVar, Unpack
 from urllib.parse import unquote
 
 from .cache.checksum import Published
+from .daemon_client import DaemonClient, DaemonRecord
 from .errors import ConfigError, NotFoundError, SourceError
 from .folder_dest import PARTIAL_PREFIX, RECORD, Destination, dest_error, name_problem
 from .layout import resolve_layout
 from .options import LoadKeywords, LoadOptions
 from .redact import redacting_logger
+from .sources.auto import scheme_of
 from .sources.base import Blob, Source
+from .sources.schemes import remote_names
 from .sources.stores import Stores, locate
 from .tasks import gather
 from .threads import Lane, run_blocking
@@ -79,12 +87,17 @@ class FolderCopy:
     files: tuple[str, ...]
     bytes: int
     seconds: float
+    daemon: str | None = None  # the daemon the files it held came from
+    from_daemon: int = 0  # of ``bytes``, those copied from the daemon's cache
 
     def summary(self) -> str:
         rate = self.bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+        through = ""
+        if self.daemon is not None:
+            through = f"; {self.from_daemon} of them from the daemon at {self.daemon}"
         return (
             f"fetched {len(self.files)} file{'s' if len(self.files) != 1 else ''} "
-            f"({self.bytes} bytes) from {self.source} into {self.dest} in "
+            f"({self.bytes} bytes{through}) from {self.source} into {self.dest} in "
             f"{self.seconds:.2f} s ({rate:.1f} MB/s)"
         )
 
@@ -211,15 +224,24 @@ class _Copier:
     """Copies files into one partial folder, ``slots`` range reads in flight in all."""
 
     def __init__(
-        self, source: Source, dest: Destination, partial: Path, lane: Lane, chunk: int, slots: int
+        self,
+        source: Source,
+        dest: Destination,
+        partial: Path,
+        lane: Lane,
+        chunk: int,
+        slots: int,
+        daemon: tuple[DaemonClient, str] | None = None,
     ) -> None:
         self.source = source
+        self.daemon = daemon  # the client and the model's id there
         self.dest = dest
         self.partial = partial
         self.lane = lane
         self.chunk = chunk
         self.gate = asyncio.Semaphore(slots)
         self.bytes = 0
+        self.from_daemon = 0
 
     async def _disk(
         self, fn: Callable[[], T], doing: str, on_abandon: Callable[[T], object] | None = None
@@ -236,11 +258,12 @@ class _Copier:
             path = self.partial / name
             fd = await self._disk(lambda: _create(path, blob.size), f"creating {name}", os.close)
             try:
-                await gather(
-                    self._range(blob, fd, name, start, min(self.chunk, blob.size - start))
-                    for start in range(0, blob.size, self.chunk)
-                )
-                await blob.check_unchanged()
+                if not await self._from_daemon(url, fd, blob.size, name):
+                    await gather(
+                        self._range(blob, fd, name, start, min(self.chunk, blob.size - start))
+                        for start in range(0, blob.size, self.chunk)
+                    )
+                    await blob.check_unchanged()
                 await self._disk(lambda: os.fsync(fd), f"writing {name}")
             finally:
                 os.close(fd)
@@ -255,6 +278,20 @@ class _Copier:
                 f"publishes ({published.where}); they were corrupted on the way: fetch again"
             )
         self.bytes += blob.size
+
+    async def _from_daemon(self, url: str, fd: int, size: int, name: str) -> bool:
+        """Copy ``url`` from the daemon's cache; False when it does not hold it."""
+        if self.daemon is None:
+            return False
+        client, model_id = self.daemon
+
+        async def write(data: memoryview, offset: int) -> None:
+            await self._disk(lambda: _pwrite_all(fd, data, offset), f"writing {name}")
+
+        if not await client.copy_file(model_id, url, size, write):
+            return False
+        self.from_daemon += size
+        return True
 
     async def _range(self, blob: Blob, fd: int, name: str, start: int, length: int) -> None:
         async with self.gate:
@@ -274,11 +311,20 @@ def _check_arguments(src: object, dest: object) -> tuple[str, Path]:
     return src, path
 
 
+def _quiet(record: DaemonRecord) -> None:
+    logger.info("the daemon holds the model: %s", record.describe())
+
+
 async def copy_folder(
     src: str,
     dest: str | os.PathLike[str],
     options: LoadOptions | None = None,
     /,
+    *,
+    daemon: str | None = None,
+    token: str | None = None,
+    daemon_wait: float = 600.0,
+    progress: Callable[[DaemonRecord], None] = _quiet,
     **keywords: Unpack[LoadKeywords],
 ) -> FolderCopy:
     """Copy the model folder at ``src`` into the local folder ``dest`` (see the module).
@@ -290,6 +336,11 @@ async def copy_folder(
             that this one does not are removed (folder_dest.py); others stay.
         options, keywords: what a load takes; concurrency, chunk_size, memory_limit
             (reads in flight hold at most this many bytes), the http and s3 settings.
+        daemon: the node daemon's URL (``http://HOST:PORT``): it fetches the model and
+            the files it holds are copied from it (daemon_client.py); ``token`` is its
+            bearer token, ``daemon_wait`` the seconds its download may stand still,
+            ``progress`` called with its record as that moves. A local ``src`` is
+            copied directly: the daemon holds remote models only.
 
     Raises:
         ConfigError: a bad argument or option.
@@ -304,8 +355,15 @@ async def copy_folder(
     assert limits is not None
     started = time.perf_counter()
     where = locate(src)
-    # The copy reads the store itself: no node cache around it.
-    async with Stores(built) as stack:
+    # The copy reads the store itself (or the daemon's copy): no node cache around it.
+    async with contextlib.AsyncExitStack() as exits:
+        held = None
+        if daemon is not None and scheme_of(src) in remote_names():
+            client = await exits.enter_async_context(DaemonClient(daemon, token, daemon_wait))
+            held = client, (await client.ready(src, progress)).id
+        elif daemon is not None:
+            logger.info("%s is local: copied directly, not through the daemon", src)
+        stack = await exits.enter_async_context(Stores(built))
         source = stack.source(where)
         copies = await files_to_copy(source, src)
         lane = stack.lanes.cache
@@ -314,7 +372,7 @@ async def copy_folder(
             partial = await run_blocking(lane, target.new_partial)
             try:
                 slots = max(1, min(limits.concurrency, limits.staging_bytes // limits.chunk_size))
-                copier = _Copier(source, target, partial, lane, limits.chunk_size, slots)
+                copier = _Copier(source, target, partial, lane, limits.chunk_size, slots, held)
                 await gather(copier.copy(url, name) for url, name in copies)
                 names = [name for _, name in copies]
                 strangers = await run_blocking(lane, lambda: target.commit(partial, names, src))
@@ -328,4 +386,8 @@ async def copy_folder(
             "read it with the files fetched: remove it, or fetch into an empty folder",
             path, name,
         )  # fmt: skip
-    return FolderCopy(src, str(path), tuple(names), copier.bytes, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    through = held[0].url if held is not None else None
+    return FolderCopy(
+        src, str(path), tuple(names), copier.bytes, seconds, through, copier.from_daemon
+    )

@@ -7,6 +7,7 @@ rows are grouped by who takes them:
 - ``KEYWORDS``: the keywords of a load (``Loader``, ``load_model``, ``ModelCache.fetch``,
   ``aioloader load``, vLLM, Ray); ``options.LoadOptions.build`` merges them.
 - ``DAEMON``: the flags of ``aioloader serve``; ``daemon/config.py`` reads them.
+- ``FETCH``: the flags of ``aioloader fetch`` beyond a load's (its node's daemon).
 - ``CHECK_ETAG`` and ``AZURE_IDENTITY``: taken by the cache's and Azure's constructors.
 
 Every variable is read by ``environment.from_environment`` and nowhere else, with one
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["AZURE_IDENTITY", "CHECK_ETAG", "DAEMON", "KEYWORDS", "ROWS", "Setting"]
+__all__ = ["AZURE_IDENTITY", "CHECK_ETAG", "DAEMON", "FETCH", "KEYWORDS", "ROWS", "Setting"]
 
-Group = Literal["limits", "http", "s3", "load", "daemon", "cache", "azure"]
+Group = Literal["limits", "http", "s3", "load", "daemon", "cache", "azure", "fetch"]
 
 
 def _text(value: str) -> str:
@@ -327,5 +328,26 @@ DAEMON: tuple[Setting, ...] = (
 )
 """The settings of ``aioloader serve``, in the order ``--help`` shows them."""
 
-ROWS: tuple[Setting, ...] = (*KEYWORDS, CHECK_ETAG, AZURE_IDENTITY, *DAEMON)
+FETCH: tuple[Setting, ...] = (
+    Setting(
+        "daemon",
+        "fetch",
+        (str,),
+        "the node's `aioloader serve`, http://HOST:PORT: it downloads the model and fetch "
+        "copies it from its cache (unset: fetch downloads it itself)",
+        blank_unset=True,
+    ),
+    Setting(
+        "daemon_wait",
+        "fetch",
+        _NUMBER,
+        "seconds fetch waits for the daemon's download to move before giving up (600)",
+        _seconds,
+        default=600.0,
+        blank_unset=True,
+    ),
+)
+"""The settings of ``aioloader fetch`` beyond a load's; ``--token`` is the daemon's row."""
+
+ROWS: tuple[Setting, ...] = (*KEYWORDS, CHECK_ETAG, AZURE_IDENTITY, *DAEMON, *FETCH)
 """Every setting aioloader reads; ``AIOLOADER_*`` variables not named here are warned of."""

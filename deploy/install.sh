@@ -7,7 +7,8 @@
 set -eu
 venv=$1
 wheel=$2
-extras=daemon,uvloop,hf,gcs,azure
+# swarm: libtorrent, which the daemon needs with AIOLOADER_PEERS (the DaemonSet sets it).
+extras=daemon,uvloop,hf,gcs,azure,swarm
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --no-cache-dir --quiet "$wheel[$extras]"
 if "$venv/bin/python" -c "import torch" 2>/dev/null; then

@@ -38,7 +38,8 @@ SCHEME_EXTRAS: dict[str, dict[str, str]] = {
     "gs": {"gcs": "gcs"},
     "hf": {"hf": "hf"},
 }
-DAEMON_VARIABLES = {row.variable for row in DAEMON}
+# The swarm's settings (AIOLOADER_PEERS, AIOLOADER_SWARM_PORT) are daemon rows too.
+DAEMON_VARIABLES = {row.variable for row in DAEMON} | {"AIOLOADER_PEERS", "AIOLOADER_SWARM_PORT"}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -116,7 +117,9 @@ def test_daemonset_speaks_the_daemons_settings_and_routes() -> None:
     grace = float(env["AIOLOADER_GRACE_PERIOD"]["value"])
     assert grace < pod["terminationGracePeriodSeconds"]
     assert pod["terminationGracePeriodSeconds"] > DEFAULT_GRACE_PERIOD
-    (port,) = daemon["ports"]
+    ports = {p["name"]: p for p in daemon["ports"]}
+    assert set(ports) == {"http", "swarm"}
+    port = ports["http"]
     assert port["containerPort"] == DEFAULT_PORT
     # The probes ask the routes the daemon defines: /health while alive, /ready when cached.
     assert _probe_paths(daemon) == {

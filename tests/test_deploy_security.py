@@ -138,7 +138,7 @@ def test_network_policy_lets_only_the_daemons_clients_reach_its_port() -> None:
     policy = _policy()
     labels = _pod_labels()
     (daemon,) = _pod()["containers"]
-    (port,) = (p["containerPort"] for p in daemon["ports"])
+    port = next(p["containerPort"] for p in daemon["ports"] if p["name"] == "http")
     isvc = _load(ROOT / "deploy" / "kserve" / "inferenceservice.yaml")
     serving = isvc["spec"]["predictor"]["labels"]
 
@@ -169,3 +169,87 @@ def test_network_policy_lets_the_daemon_reach_object_stores_and_dns_only() -> No
     assert not reaches("fd00:ec2::254", 80)
     assert not reaches("10.0.0.10", 22)
     assert not reaches("10.0.0.10", 6443)
+
+
+def _ports() -> dict[str, int]:
+    (daemon,) = _pod()["containers"]
+    return {p["name"]: p["containerPort"] for p in daemon["ports"]}
+
+
+JOBS = "kserve-localmodel-jobs"  # KServe's default job namespace (its localModel config)
+_JOB = {"batch.kubernetes.io/job-name": "llama-node-1-x7k2q", "job-name": "llama-node-1-x7k2q"}
+
+
+def test_the_swarm_port_is_reachable_from_daemon_pods_only() -> None:
+    policy, labels, ports = _policy(), _pod_labels(), _ports()
+    isvc = _load(ROOT / "deploy" / "kserve" / "inferenceservice.yaml")
+    serving = isvc["spec"]["predictor"]["labels"]
+
+    def reaches(other: dict[str, Any], port: int) -> bool:
+        return allows(policy, NAMESPACE, labels, "Ingress", other, port)
+
+    daemon = _client(NAMESPACE, labels)
+    assert reaches(daemon, ports["swarm"]) and reaches(daemon, ports["http"])
+    for other in (
+        _client(NAMESPACE, {"run": "debug"}),
+        _client("default", serving),
+        _client("monitoring", {"app.kubernetes.io/name": "prometheus"}),
+        _client(JOBS, _JOB),
+        _client("default", labels),  # the daemon's labels, in another namespace
+        {"ip": "10.0.0.7"},
+    ):
+        assert not reaches(other, ports["swarm"]), other
+        assert not reaches(other, ports["swarm"] + 1), other
+
+    # A daemon may open connections to the others' API and swarm ports, not to any pod's.
+    def leaves(other: dict[str, Any], port: int) -> bool:
+        return allows(policy, NAMESPACE, labels, "Egress", other, port)
+
+    assert leaves(daemon, ports["swarm"]) and leaves(daemon, ports["http"])
+    assert not leaves(_client(NAMESPACE, {"run": "debug"}), ports["swarm"])
+    assert not leaves({"ip": "10.0.0.7"}, ports["swarm"])
+
+
+def test_kserves_download_jobs_reach_the_api_port_only() -> None:
+    policy, labels, ports = _policy(), _pod_labels(), _ports()
+
+    def reaches(other: dict[str, Any], port: int) -> bool:
+        return allows(policy, NAMESPACE, labels, "Ingress", other, port)
+
+    assert reaches(_client(JOBS, _JOB), ports["http"])
+    assert not reaches(_client(JOBS, _JOB), ports["swarm"])
+    assert not reaches(_client(JOBS, {"run": "debug"}), ports["http"]), "a Job's pods only"
+    assert not reaches(_client("default", _JOB), ports["http"])
+
+
+def _download_job_pod() -> dict[str, Any]:
+    """The pod KServe's node agent makes of the download job's container: the container,
+    its args and mounts replaced, the node group's PVC and fsGroup (its launchJob)."""
+    csc = _load(ROOT / "deploy" / "kserve" / "localmodel-downloadjob.yaml")
+    container = copy.deepcopy(csc["spec"]["container"])
+    container["args"] = ["s3://models/llama/", "/mnt/models"]
+    container["volumeMounts"] = [
+        {"name": "kserve-pvc-source", "mountPath": "/mnt/models", "subPath": "models/llama"}
+    ]
+    return {
+        "containers": [container],
+        "restartPolicy": "Never",
+        "volumes": [{"name": "kserve-pvc-source", "persistentVolumeClaim": {"claimName": "x"}}],
+        "securityContext": {"fsGroup": 1000},
+    }
+
+
+def test_the_download_job_meets_restricted_and_reads_its_token_from_the_secret() -> None:
+    pod = _download_job_pod()
+    assert pod_security_violations(pod, "restricted") == []
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    ref = env["AIOLOADER_TOKEN"]["valueFrom"]["secretKeyRef"]
+    (daemon,) = _pod()["containers"]
+    daemon_env = {e["name"]: e for e in daemon["env"]}
+    assert ref == daemon_env["AIOLOADER_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref.get("optional") is not True, "a job without the Secret must wait, not run"
+    assert "value" not in env["AIOLOADER_TOKEN"]
+    # The docs say to create the Secret in the job namespace too.
+    docs = (ROOT / "docs" / "kubernetes.md").read_text()
+    assert re.search(rf"kubectl -n {JOBS} create secret generic {ref['name']}", docs)

@@ -12,6 +12,9 @@ Routes::
     POST   /v1/models          {"url": ..., "id": optional, "priority": optional}
                                -> 202, download starts (higher priorities first)
     GET    /v1/models/{id}     one model
+    GET    /v1/models/{id}/files/{key}
+                               the bytes of one file of a ready model, by its cache
+                               entry's name (``aioloader fetch --daemon`` reads them)
     DELETE /v1/models/{id}     cancel its download, drop it from the registry and cache
 
 With a token configured, /v1/* requires ``Authorization: Bearer <token>``;
@@ -37,6 +40,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from ..cache.entry import key_of
 from ..errors import CacheError, ClosedError, ConfigError, LoaderError
 from ..redact import redacting_logger
 from ..sources.auto import scheme_of
@@ -238,6 +242,18 @@ async def get_model(request: web.Request) -> web.Response:
     return web.json_response(_find(state, request.match_info["id"]).as_dict())
 
 
+async def model_file(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    record = _find(state, request.match_info["id"])
+    key = request.match_info["key"]
+    url = next((u for u in record.files if key_of(u) == key), None)
+    if record.status != "ready" or url is None:
+        raise RequestError(
+            404, "unknown_file", f"{record.id} is {record.status} and holds no file {key!r:.80}"
+        )
+    return web.FileResponse(state.cache.entry_files(url).data)  # 404 once evicted
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
     timeout = request.app[STATE].client_timeout
     try:
@@ -348,4 +364,5 @@ def make_app(state: DaemonState, *outer: Middleware) -> web.Application:
     app.router.add_post("/v1/models", add_model)
     app.router.add_get("/v1/models/{id}", get_model)
     app.router.add_delete("/v1/models/{id}", delete_model)
+    app.router.add_get("/v1/models/{id}/files/{key}", model_file)
     return app
