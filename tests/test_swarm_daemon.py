@@ -85,3 +85,69 @@ def test_a_node_gets_a_model_from_its_peer_with_no_origin_bytes(
             if node.proc is not None:
                 assert node.stop() == 0
     assert not list((second.cache_dir / ".swarm" / "incoming").glob("*/*"))  # scratch gone
+
+
+class _Liar:
+    """A 'peer' on 127.0.0.78 answering every request with ``body`` (HTTP ``status``)."""
+
+    def __init__(self, body: bytes, status: int = 200) -> None:
+        import http.server
+        import threading
+
+        liar = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                liar.asked += 1
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.asked = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.78", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, name="liar")
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        (b"not json", 200),
+        (b'{"node": "ab"}', 500),
+        (b'{"node": "abab", "key": "x", "state": "complete", "files": "no"}', 200),
+        (b"[1, 2]", 404),
+        (b'{"node": "' + b"a" * 32 + b'", "key": 5}', 200),
+    ],
+)
+def test_a_lying_peer_is_ignored_and_the_origin_serves(
+    tmp_path: Path, http_server: FaultyHttpServer, body: bytes, status: int
+) -> None:
+    _index, files = write_model(http_server.root / "m", shards=2, kib=64)
+    url = http_server.url_for("m/model.safetensors.index.json")
+    liar = _Liar(body, status)
+    port = free_port()
+    try:
+        node = Node(tmp_path, 73, f"127.0.0.73:{port},127.0.0.78:{liar.port}", "--model", url)
+        node.port = port
+        node.start()
+        try:
+            node.wait_ready(60)
+            (got,) = node.get("/v1/models")[1]["models"]
+            assert got["bytes_from_peers"] == 0 and got["bytes_from_origin"] > 0
+            _same_files(got, files, node.cache_dir)
+            assert liar.asked >= 1
+        finally:
+            assert node.stop() == 0
+    finally:
+        liar.close()

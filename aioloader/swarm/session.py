@@ -78,7 +78,8 @@ def _settings(host: str, port: int, rate: int) -> dict[str, Any]:
         "alert_mask": lt.alert_category.error
         | lt.alert_category.status
         | lt.alert_category.peer
-        | lt.alert_category.ip_block,
+        | lt.alert_category.ip_block
+        | lt.alert_category.storage,
         "upload_rate_limit": rate,
         "download_rate_limit": rate,
     }
@@ -106,6 +107,7 @@ class Download:
         self._lock = asyncio.Lock()
         self.bytes_from_peers = 0
         self.progress = 0.0
+        self._flushed = False
 
     def __repr__(self) -> str:
         return f"<Download {self.info_hash[:12]} {self.progress:.0%}>"
@@ -152,7 +154,11 @@ class Download:
                 )
 
     async def wait_range(self, start: int, end: int) -> None:
-        """Return once every piece holding bytes ``[start, end)`` is checked and on disk.
+        """Return once bytes ``[start, end)`` are checked and on disk.
+
+        libtorrent 2.1 counts a piece as had once its hash passed, which may be before
+        its bytes left its write buffer; so this waits for the whole file, then for
+        libtorrent to flush it (cache_flushed_alert), before any byte is read back.
 
         Raises:
             SwarmStalled: no piece arrived for the swarm's stall time.
@@ -160,13 +166,25 @@ class Download:
         """
         if end <= start:
             return
-        while True:
+        while not self._flushed:
             await self._refresh(self.swarm.stall)
-            if self._piece:
-                first, last = start // self._piece, (end - 1) // self._piece
-                if len(self._have) > last and all(self._have[first : last + 1]):
-                    return
+            if self._have and all(self._have):
+                await self._flush()
+                return
             await asyncio.sleep(_POLL)
+
+    async def _flush(self) -> None:
+        async with self._lock:
+            if self._flushed:
+                return
+            swarm = self.swarm
+            swarm._flushes.discard(self.info_hash)
+            await run_blocking(swarm.lane, self.handle.flush_cache)
+            async with asyncio.timeout(max(swarm.stall, 1.0)):
+                while self.info_hash not in swarm._flushes:
+                    await swarm.refresh()
+                    await asyncio.sleep(_POLL)
+            self._flushed = True
 
     async def aclose(self) -> None:
         """Take the download out of the session (its file stays; idempotent)."""
@@ -192,6 +210,7 @@ class Swarm:
         self._pump: asyncio.Task[None] | None = None
         self._banned = self._blocked = self._failures = 0
         self._allowed: list[str] = []
+        self._flushes: set[str] = set()  # info hashes whose writes libtorrent flushed
 
     def __repr__(self) -> str:
         return f"<Swarm {self.host}:{self.port} torrents={len(self._handles)}>"
@@ -320,6 +339,8 @@ class Swarm:
                 logger.info("swarm: refused a peer outside the list: %s", alert.message())
             elif isinstance(alert, lt.hash_failed_alert):
                 self._failures += 1
+            elif isinstance(alert, lt.cache_flushed_alert):
+                self._flushes.add(str(alert.handle.info_hashes().v2))
             elif alert.category() & lt.alert_category.error:
                 logger.warning("swarm: %s", alert.message())
         counts = {}
