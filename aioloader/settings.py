@@ -320,6 +320,26 @@ DAEMON: tuple[Setting, ...] = (
         action="append",
     ),
     _daemon(
+        "peers",
+        "share models with these daemons over BitTorrent: their host:port (API), or a DNS "
+        "name resolving to each (a headless Service), comma-separated; needs aioloader[swarm]",
+    ),
+    _daemon("swarm_port", "port the swarm listens on (default 6881)", types=(int,)),
+    _daemon(
+        "swarm_wait",
+        "seconds a download waits for the peers' answers (default 2)",
+        types=_NUMBER,
+    ),
+    _daemon(
+        "swarm_stall",
+        "seconds without swarm progress before turning to the origin (default 30)",
+        types=_NUMBER,
+    ),
+    _daemon(
+        "swarm_host",
+        "address the swarm listens on (default --host; with 0.0.0.0 the address a peer reached)",
+    ),
+    _daemon(
         "no_auth",
         "serve /v1/* without a token, on purpose",
         types=(bool,),

@@ -112,6 +112,11 @@ _DAEMON: dict[str, tuple[str, list[str], Any, Any]] = {
         ("s3://x/",),
     ),
     "no_auth": ("1", ["--no-auth"], True, True),
+    "peers": ("a:1, B:2", ["--peers", "[::1]:3"], ("a:1", "b:2"), ("[::1]:3",)),
+    "swarm_port": ("7000", ["--swarm-port", "7001"], 7000, 7001),
+    "swarm_wait": ("1.5", ["--swarm-wait", "3"], 1.5, 3.0),
+    "swarm_stall": ("9", ["--swarm-stall", "12"], 9.0, 12.0),
+    "swarm_host": ("10.0.0.1", ["--swarm-host", "10.0.0.2"], "10.0.0.1", "10.0.0.2"),
 }
 
 

@@ -15,8 +15,9 @@ files included.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any
 
 from ..config import Limits
@@ -41,11 +42,15 @@ from .partial import PartialFile
 from .protocol import CacheProtocol
 from .records import CachedModel
 
-__all__ = ["PACE", "Pace", "Progress", "fetch_model"]
+__all__ = ["PACE", "OnFile", "Pace", "Progress", "SourceHook", "fetch_model"]
 
 logger = redacting_logger(__name__)
 
 Progress = Callable[[int, int], None]
+SourceHook = Callable[[Source, Executor], Source]
+"""Given the URL's store and the fetch's cache lane, the Source to read the files from."""
+OnFile = Callable[[str, Path, Version], Awaitable[None]]
+"""Awaited once a file's entry is committed by this fetch: (URL, its data, its version)."""
 
 
 def _etag_is_not_a_digest(headers: Mapping[str, str]) -> bool:
@@ -80,8 +85,10 @@ class Fetcher:
         limits: Limits,
         meter: Meter,
         exclude: set[str],
+        on_file: OnFile | None = None,
     ) -> None:
         self.cache = cache
+        self.on_file = on_file
         self.exclude = exclude  # the entries of this fetch: never evicted to make room
         self.source = source
         self.executor = executor
@@ -175,6 +182,8 @@ class Fetcher:
         finally:
             lock.release()
         cache.record(hit=False, downloaded=downloaded)
+        if self.on_file is not None:
+            await self.on_file(url, files.data, version)
         return downloaded
 
     async def _published(self, url: str, version: Version) -> Published | None:
@@ -253,6 +262,8 @@ async def fetch_model(
     url: str | list[str],
     options: LoadOptions,
     progress: Progress | None,
+    source_hook: SourceHook | None = None,
+    on_file: OnFile | None = None,
 ) -> CachedModel:
     """Make every file of the model at ``url`` complete in ``cache``; see ``ModelCache.fetch``."""
     urls = [url] if isinstance(url, str) else url
@@ -272,13 +283,15 @@ async def fetch_model(
     stores = Stores(options)
     source = stores.source(where)
     executor = stores.lanes.cache
+    if source_hook is not None:
+        source = source_hook(source, executor)
     try:
         layout = await resolve_layout(source, url)
         # Every name is checked before a byte is downloaded.
         links = ModelLinks.plan(url, layout, source.parent)
         wanted = ([layout.index] if layout.index else []) + list(layout.files)
         exclude = {key_of(u) for u in wanted}
-        fetcher = Fetcher(cache, source, executor, limits, Meter(progress), exclude)
+        fetcher = Fetcher(cache, source, executor, limits, Meter(progress), exclude, on_file)
         results = await fetcher.run(wanted)
         try:
             model_path = await run_blocking(executor, lambda: links.create(cache.root))

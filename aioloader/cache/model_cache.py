@@ -38,7 +38,7 @@ from ..sinks import commits
 from ..threads import Lane, run_blocking
 from .entry import EntryFiles, cache_error
 from .eviction import Eviction, list_entries
-from .fetch import Progress, fetch_model
+from .fetch import OnFile, Progress, SourceHook, fetch_model
 from .locks import STALL_SECONDS
 from .records import CachedModel, CacheEntry, CacheStatistics, VerifyResult
 from .removal import remove_entry
@@ -152,6 +152,8 @@ class ModelCache:
         *,
         progress: Progress | None = None,
         options: LoadOptions | None = None,
+        source: SourceHook | None = None,
+        on_file: OnFile | None = None,
         **keywords: Unpack[LoadKeywords],
     ) -> CachedModel:
         """Make every file of the model at ``url`` complete in the cache.
@@ -164,6 +166,11 @@ class ModelCache:
                 (``concurrency`` ranges of ``chunk_size`` bytes are downloaded at once;
                 ``headers``, retries, ``s3_*``); where tensors would go (``device``,
                 ``framework``, ``group``, ``cache_dir``) is refused.
+            source: reads the files through another Source: called with the URL's store
+                and the fetch's cache lane, it returns the Source to read from (the
+                daemon's swarm, aioloader/swarm/source.py, with the store behind it).
+            on_file: awaited as ``on_file(url, data_path, version)`` once each file this
+                fetch downloaded is committed (the daemon then offers it to peers).
 
         Returns:
             The CachedModel, with a local ``path`` that ``load_model`` reads directly.
@@ -186,7 +193,14 @@ class ModelCache:
                     )
             built = LoadOptions.build(options, **keywords)
             task = asyncio.get_running_loop().create_task(
-                fetch_model(self, url if isinstance(url, str) else list(urls), built, progress),
+                fetch_model(
+                    self,
+                    url if isinstance(url, str) else list(urls),
+                    built,
+                    progress,
+                    source,
+                    on_file,
+                ),
                 name=f"aioloader cache fetch {urls[0]}",
             )
             flight = self._flights[urls] = _Flight(task)

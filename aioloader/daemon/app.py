@@ -16,6 +16,7 @@ Routes::
                                the bytes of one file of a ready model, by its cache
                                entry's name (``aioloader fetch --daemon`` reads them)
     DELETE /v1/models/{id}     cancel its download, drop it from the registry and cache
+    GET    /v1/swarm/...       what peer daemons ask (swarm_api.py)
 
 With a token configured, /v1/* requires ``Authorization: Bearer <token>``;
 /health, /ready and /metrics stay open, since kubelet probes and most scrapers
@@ -51,6 +52,7 @@ from .downloads import Downloads
 from .metrics import CONTENT_TYPE, Metrics
 from .priority import check_priority
 from .state import ID_PATTERN, ModelRecord, Registry, display_url
+from .swarm_api import add_swarm_routes
 from .watch import CacheWatch
 
 if TYPE_CHECKING:
@@ -82,6 +84,7 @@ class DaemonState:
     allow: AllowList = field(default_factory=AllowList)
     client_timeout: float = 10.0  # seconds to send a request's body
     stopping: bool = False
+    coordinator: Any = None  # with --peers: aioloader/swarm/coordinator.py
 
 
 STATE = web.AppKey("state", DaemonState)
@@ -365,4 +368,5 @@ def make_app(state: DaemonState, *outer: Middleware) -> web.Application:
     app.router.add_get("/v1/models/{id}", get_model)
     app.router.add_delete("/v1/models/{id}", delete_model)
     app.router.add_get("/v1/models/{id}/files/{key}", model_file)
+    add_swarm_routes(app, lambda: state.coordinator)
     return app

@@ -20,6 +20,7 @@ from ..config import MAX_SECONDS, check_number, parse_size
 from ..environment import resolve_where, warn_unknown_variables
 from ..errors import ConfigError
 from ..settings import DAEMON
+from ..swarm.peers import parse_peers
 from .allow import AllowList
 from .auth import read_token
 from .bandwidth import check_bandwidth
@@ -45,6 +46,9 @@ DEFAULT_MAX_DOWNLOADS = 2
 DEFAULT_MAX_CONNECTIONS = 1000
 # Seconds a client has to send a request's headers, and again its body.
 DEFAULT_CLIENT_TIMEOUT = 10.0
+DEFAULT_SWARM_PORT = 6881
+DEFAULT_SWARM_WAIT = 2.0
+DEFAULT_SWARM_STALL = 30.0
 
 
 def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -78,6 +82,11 @@ class DaemonConfig:
             connection, or its previous answer), and again to send its body.
         retry_backoff: seconds before a failed preload is tried again; doubles
             after each failure in a row (with jitter), up to ``retry_backoff_max``.
+        peers: the peer daemons' API addresses (``host:port``), with which models are
+            shared over BitTorrent (empty: no swarm; see docs/swarm.md).
+        swarm_port, swarm_host: where the swarm listens (None: ``host``).
+        swarm_wait: seconds a download waits for its peers' answers.
+        swarm_stall: seconds without swarm progress before a file turns to the origin.
         notes: warnings from reading the settings, for the log (never a secret).
     """
 
@@ -98,6 +107,11 @@ class DaemonConfig:
     no_auth: bool = False
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     client_timeout: float = DEFAULT_CLIENT_TIMEOUT
+    peers: tuple[str, ...] = ()
+    swarm_port: int = DEFAULT_SWARM_PORT
+    swarm_wait: float = DEFAULT_SWARM_WAIT
+    swarm_stall: float = DEFAULT_SWARM_STALL
+    swarm_host: str | None = None
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -111,6 +125,10 @@ class DaemonConfig:
         check_number("grace period", self.grace_period, maximum=MAX_SECONDS)
         check_number("max connections", self.max_connections, integer=True, positive=True)
         check_number("client timeout", self.client_timeout, positive=True, maximum=MAX_SECONDS)
+        check_number("swarm port", self.swarm_port, integer=True, maximum=65535)
+        check_number("swarm wait", self.swarm_wait, positive=True, maximum=MAX_SECONDS)
+        check_number("swarm stall", self.swarm_stall, positive=True, maximum=MAX_SECONDS)
+        parse_peers(self.peers, "peers")
         if self.max_cache_bytes is not None:
             check_number("max cache bytes", self.max_cache_bytes, integer=True, positive=True)
         Backoff(self.retry_backoff, self.retry_backoff_max)  # raises ConfigError if unusable
@@ -132,7 +150,8 @@ class DaemonConfig:
             f"max_downloads={self.max_downloads}, max_bandwidth={self.max_bandwidth}, "
             f"priorities={len(self.priorities)}, grace_period={self.grace_period}, "
             f"retry_backoff={self.retry_backoff}, retry_backoff_max={self.retry_backoff_max}, "
-            f"max_connections={self.max_connections}, client_timeout={self.client_timeout})"
+            f"max_connections={self.max_connections}, client_timeout={self.client_timeout}, "
+            f"peers={len(self.peers)}, swarm_port={self.swarm_port})"
         )
 
 
@@ -259,6 +278,11 @@ def config_from_args(
         retry_backoff_max=_or(numbers["retry_backoff_max"], DEFAULT_RETRY_BACKOFF_MAX),
         max_connections=_or(numbers["max_connections"], DEFAULT_MAX_CONNECTIONS),
         client_timeout=_or(numbers["client_timeout"], DEFAULT_CLIENT_TIMEOUT),
+        peers=tuple(str(p) for p in parse_peers(text["peers"], where["peers"])),
+        swarm_port=_or(numbers["swarm_port"], DEFAULT_SWARM_PORT),
+        swarm_wait=_or(numbers["swarm_wait"], DEFAULT_SWARM_WAIT),
+        swarm_stall=_or(numbers["swarm_stall"], DEFAULT_SWARM_STALL),
+        swarm_host=text["swarm_host"] or None,
     )
 
 

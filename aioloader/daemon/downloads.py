@@ -83,6 +83,8 @@ class Downloads:
         backoff: delays between the tries of a failed model (None: no retries).
         bandwidth: the cap all fetches share (None: no cap).
         pins: where preloads are held against eviction once cached (None: not held).
+        coordinator: fetches through peer daemons first (aioloader/swarm/coordinator.py;
+            None: from the origin only).
 
     Use as ``async with Downloads(...) as downloads:`` inside the server's task.
     """
@@ -101,8 +103,10 @@ class Downloads:
         backoff: Backoff | None = None,
         bandwidth: Bandwidth | None = None,
         pins: Pins | None = None,
+        coordinator: Any = None,
     ) -> None:
         self._cache = cache
+        self._coordinator = coordinator
         self._pins = pins
         self._registry = registry
         self._metrics = metrics
@@ -273,7 +277,7 @@ class Downloads:
             logger.info("fetching %s (%s)", display_url(record.url), record.id)
             if self._pins is not None:
                 self._pins.unpin(record.id)  # a new version may replace its files
-            cached = await self._cache.fetch(record.url, **kwargs)
+            cached = await self._fetch_model(record, kwargs)
             if cached.hit and not await self._verify(cached):
                 # Bit rot in an entry found in the cache: it was removed; fetch it again.
                 logger.warning(
@@ -317,6 +321,29 @@ class Downloads:
             PACE.reset(pace_token)
             metrics.in_flight.dec()
             metrics.load_seconds.labels(outcome=outcome).observe(time.monotonic() - started)
+
+    async def _fetch_model(self, record: ModelRecord, kwargs: dict[str, Any]) -> CachedModel:
+        """The cache's fetch, through the peers when there are any; counts where the
+        model's bytes came from."""
+        if self._coordinator is None:
+            return await self._cache.fetch(record.url, **kwargs)
+        from ..swarm.manifest import model_key
+
+        try:
+            cached: CachedModel = await self._coordinator.fetch(
+                record.url, self._cache.fetch, **kwargs
+            )
+        finally:
+            reads = self._coordinator.reads.get(model_key(record.url))
+            if reads is not None:
+                origin = reads.origin - (record.bytes_from_origin or 0)
+                peers = reads.peers - (record.bytes_from_peers or 0)
+                record.bytes_from_origin, record.bytes_from_peers = reads.origin, reads.peers
+                self._metrics.model_bytes.labels(model=record.id, origin="origin").inc(
+                    max(0, origin)
+                )
+                self._metrics.model_bytes.labels(model=record.id, origin="peers").inc(max(0, peers))
+        return cached
 
     async def _pin(
         self, record: ModelRecord, cached: CachedModel, kwargs: dict[str, Any]

@@ -89,6 +89,21 @@ class Metrics:
         self.models = pc.Gauge(
             "aioloader_daemon_models", "Models in the registry, by status", ["status"], registry=r
         )
+        self.model_bytes = pc.Counter(
+            "aioloader_model_bytes",
+            "Bytes of each model put in the cache, by where they came from: the origin "
+            "store, or peer daemons over the swarm",
+            ["model", "origin"],
+            registry=r,
+        )
+        self.swarm_banned: Callable[[], float] = lambda: 0.0
+        r.register(
+            _ScrapedCounter(
+                "aioloader_swarm_peers_banned",
+                "Peers the swarm banned for sending pieces that failed their hash",
+                lambda: self.swarm_banned(),
+            )
+        )
         self._samples: deque[tuple[float, int]] = deque()
         pc.Gauge(
             "aioloader_daemon_throughput_bytes_per_second",

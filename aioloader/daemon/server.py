@@ -143,6 +143,7 @@ class Server:
         from .downloads import Downloads
         from .metrics import Metrics
         from .pins import Pins
+        from .sharing import sharing
         from .state import Registry, display_url
         from .watch import CacheWatch
 
@@ -174,6 +175,7 @@ class Server:
         metrics = Metrics(getattr(cache, "statistics", None), bandwidth)
         registry = Registry()
         async with (
+            sharing(config, cache.root) as coordinator,
             Pins(cache) as pins,
             CacheWatch(cache, registry, metrics) as watch,
             Downloads(
@@ -187,9 +189,12 @@ class Server:
                 backoff=config.backoff,
                 bandwidth=bandwidth,
                 pins=pins,
+                coordinator=coordinator,
             ) as downloads,
         ):
             watch.on_evicted = downloads.refetch
+            if coordinator is not None:
+                metrics.swarm_banned = lambda: float(coordinator.swarm.statistics().banned)
             state = DaemonState(
                 cache=cache,
                 registry=registry,
@@ -199,6 +204,7 @@ class Server:
                 token=config.token,
                 allow=allow,
                 client_timeout=config.client_timeout,
+                coordinator=coordinator,
             )
             guard = ConnectionGuard(
                 fit_cap(config.max_connections, _open_files()), config.client_timeout

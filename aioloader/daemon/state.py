@@ -78,6 +78,8 @@ class ModelRecord:
     created: float = field(default_factory=time.time)
     started: float | None = None
     finished: float | None = None
+    bytes_from_origin: int | None = None  # with peers (--peers): where its bytes came from
+    bytes_from_peers: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         total = self.bytes_total
@@ -102,6 +104,8 @@ class ModelRecord:
             "created": self.created,
             "started": self.started,
             "finished": self.finished,
+            "bytes_from_origin": self.bytes_from_origin,
+            "bytes_from_peers": self.bytes_from_peers,
         }
 
     def reason(self) -> str:

@@ -1,0 +1,324 @@
+"""Per model, whom a daemon follows, or whether it pulls from the origin itself.
+
+``Coordinator.fetch(url)``:
+
+1. ask every peer ``GET /v1/swarm/models/{key}`` at once, within ``wait`` seconds (a
+   peer that does not answer costs that much at most, once);
+2. a peer that holds the model, or is fetching it, is followed (complete first);
+3. nobody has it: the nodes that answered and this one are ranked (rendezvous.py);
+   the first pulls from the origin and publishes each file as it commits, the others
+   follow it (polling its manifest until it has one);
+4. the followed node stalls, goes away or sends bytes the cache refuses: it is
+   dropped and the rest ranked again, which may make this node the one to pull from
+   the origin (files already in the cache are not fetched again).
+
+After a fetch, this node offers every file of the model (seeded from its cache
+entries) and its manifest says ``complete``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ..errors import LoaderError
+from ..redact import redacting_logger
+from ..sources.base import Source
+from ..threads import Lane, run_blocking
+from .manifest import FileOffer, Manifest, ManifestError, file_name, model_key, parse
+from .peers import PeerAddress, resolve
+from .rendezvous import ranked
+from .session import Swarm, SwarmError, SwarmStalled
+from .source import Reads, SwarmSource
+from .torrents import describe, info_hash, make_torrent
+
+__all__ = ["Coordinator", "Follower"]
+
+logger = redacting_logger(__name__)
+
+_POLL = 0.25  # seconds between looks at a followed node's manifest
+_MAX_ANSWER = 64 << 20
+
+
+@dataclass
+class Answer:
+    """A peer that answered: its API address, node id and manifest of the model (if any)."""
+
+    api: str
+    node: str
+    manifest: Manifest | None
+
+
+class Follower:
+    """The node a fetch follows: its manifest, polled while this node waits for it."""
+
+    def __init__(self, coordinator: Coordinator, answer: Answer, key: str) -> None:
+        self.c = coordinator
+        self.api = answer.api
+        self.node = answer.node
+        self.key = key
+        self.manifest = answer.manifest
+        self.others: list[str] = []  # other nodes' swarm addresses, to trade pieces with
+
+    def __repr__(self) -> str:
+        return f"<Follow {self.node[:8]} at {self.api}>"
+
+    def swarm_peers(self) -> list[tuple[str, int]]:
+        found = []
+        for text in ([self.manifest.swarm] if self.manifest else []) + self.others:
+            host, _, port = text.rpartition(":")
+            found.append((host.strip("[]"), int(port)))
+        return found
+
+    async def _wait(self, ready: Callable[[], Any], what: str) -> Any:
+        """Poll the manifest until ``ready()`` gives something; SwarmStalled when the
+        node's manifest did not change for the stall time."""
+        stall = self.c.swarm.stall
+        loop = asyncio.get_running_loop()
+        moved = loop.time()
+        while True:
+            found = ready()
+            if found is not None:
+                return found
+            if loop.time() - moved > stall:
+                raise SwarmStalled(f"{self!r}: no {what} for {stall:g} s")
+            await asyncio.sleep(_POLL)
+            answer = await self.c.ask(self.api, self.key)
+            if answer is not None and answer.node == self.node and answer.manifest is not None:
+                if answer.manifest != self.manifest:
+                    moved = loop.time()
+                self.manifest = answer.manifest
+
+    async def offer(self, name: str) -> FileOffer:
+        def ready() -> FileOffer | None:
+            return self.manifest.file(name) if self.manifest else None
+
+        found: FileOffer = await self._wait(ready, f"file {name}")
+        return found
+
+    async def torrent(self, name: str) -> bytes:
+        def ready() -> bytes | None:
+            offer = self.manifest.file(name) if self.manifest else None
+            return offer.torrent if offer else None
+
+        found: bytes = await self._wait(ready, f"torrent of {name}")
+        return found
+
+
+class Coordinator:
+    """The daemon's side of the swarm: manifests of its models, fetches through peers.
+
+    Args:
+        swarm: the started session.
+        peers: the configured peers' API addresses.
+        node: this daemon's id.
+        token: the token all daemons share (None: none).
+        wait: seconds to wait for the peers' answers.
+        scratch: where swarm downloads land before the cache copies them.
+        advertised: this node's swarm address as peers reach it (``ip:port``).
+    """
+
+    def __init__(
+        self,
+        swarm: Swarm,
+        peers: list[PeerAddress],
+        node: str,
+        token: str | None,
+        wait: float,
+        scratch: Path,
+        advertised: str,
+    ) -> None:
+        self.swarm = swarm
+        self.peers = peers
+        self.node = node
+        self.token = token
+        self.wait = wait
+        self.scratch = scratch
+        self.advertised = advertised
+        self.manifests: dict[str, Manifest] = {}
+        self.reads: dict[str, Reads] = {}
+        self._lane = Lane("resolve", 1)
+        self._client: Any = None
+        self._apis: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"<Coordinator node={self.node[:8]} peers={len(self.peers)}>"
+
+    async def __aenter__(self) -> Coordinator:
+        import aiohttp
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._client = aiohttp.ClientSession(headers=headers)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            if self._client is not None:
+                await self._client.close()
+        finally:
+            self._lane.close()
+
+    async def _peers(self) -> list[str]:
+        """Every peer API address, resolved now; the swarm's filter follows."""
+        found = await resolve(self.peers, self._lane)
+        await self.swarm.allow(ip for ip, _ in found)
+        self._apis = [f"[{ip}]:{p}" if ":" in ip else f"{ip}:{p}" for ip, p in found]
+        return self._apis
+
+    async def ask(self, api: str, key: str) -> Answer | None:
+        """A peer's answer about the model ``key`` (None: no usable answer)."""
+        import aiohttp
+
+        url = f"http://{api}/v1/swarm/models/{key}"
+        try:
+            async with asyncio.timeout(self.wait):
+                async with self._client.get(url) as response:
+                    raw = await response.content.read(_MAX_ANSWER)
+                    status = response.status
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            logger.debug("peer %s: no answer (%s)", api, exc)
+            return None
+        try:
+            doc = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            logger.warning("peer %s: its answer is not JSON (HTTP %d); ignored", api, status)
+            return None
+        node = doc.get("node") if isinstance(doc, dict) else None
+        if not isinstance(node, str) or not 0 < len(node) <= 64 or not node.isalnum():
+            logger.warning("peer %s: its answer names no node (HTTP %d); ignored", api, status)
+            return None
+        if status == 404:
+            return Answer(api, node, None)
+        if status != 200:
+            logger.warning("peer %s: HTTP %d for a manifest; ignored", api, status)
+            return None
+        try:
+            manifest = await run_blocking(self._lane, lambda: parse(doc, api, key, describe))
+        except ManifestError as exc:
+            logger.warning("%s", exc)
+            return None
+        if manifest.node != node:
+            return None
+        return Answer(api, node, manifest)
+
+    # -- the manifests this node offers ---------------------------------------------------
+
+    def _note(self, key: str) -> Callable[[FileOffer], None]:
+        def noted(offer: FileOffer) -> None:
+            manifest = self.manifests[key]
+            known = manifest.file(offer.name)
+            if known is None or known.torrent is None:
+                self.manifests[key] = manifest.with_file(offer)
+
+        return noted
+
+    def _on_file(self, key: str) -> Callable[[str, Path, Any], Awaitable[None]]:
+        async def on_file(url: str, data: Path, version: Any) -> None:
+            await self._publish(key, url, data, version.size, version.etag, version.last_modified)
+
+        return on_file
+
+    async def _publish(
+        self, key: str, url: str, data: Path, size: int, etag: Any, modified: Any
+    ) -> None:
+        """Seed a committed file and show its torrent in the model's manifest."""
+        name = file_name(url)
+        try:
+            torrent = await run_blocking(self._lane, lambda: make_torrent(data, name))
+            await self.swarm.seed(torrent, data)
+        except (OSError, LoaderError) as exc:
+            logger.warning("%s: not offered to peers: %s", url, exc)
+            return
+        offer = FileOffer(name, url, size, etag, modified, size, torrent)
+        self.manifests[key] = self.manifests[key].with_file(offer)
+        logger.info("offering %s to peers (%s)", name, info_hash(torrent)[:12])
+
+    # -- a fetch --------------------------------------------------------------------------
+
+    async def fetch(self, url: str, fetch: Callable[..., Awaitable[Any]], **kwargs: Any) -> Any:
+        """``fetch(url, source=..., on_file=..., **kwargs)`` (a ModelCache's) through the
+        swarm; returns its CachedModel."""
+        key = model_key(url)
+        reads = self.reads.setdefault(key, Reads())  # over every try of the model
+        self.manifests.setdefault(key, Manifest(key, url, self.node, self.advertised))
+        apis = await self._peers()
+        answers = [a for a in await _gather(self.ask(api, key) for api in apis) if a]
+        answers = [a for a in answers if a.node != self.node]
+        dead: set[str] = set()
+        while True:
+            follow = self._choose(key, answers, dead)
+            if follow is not None:
+                follow.others = [a.manifest.swarm for a in answers if a.manifest]
+            logger.info(
+                "%s: %s", url, f"following {follow!r}" if follow else "pulling from the origin"
+            )
+
+            def hook(origin: Source, lane: Executor, f: Follower | None = follow) -> Source:
+                return SwarmSource(
+                    origin, lane, self.swarm, self.scratch, reads, f, self._note(key)
+                )
+
+            try:
+                cached = await fetch(url, source=hook, on_file=self._on_file(key), **kwargs)
+            except (SwarmError, LoaderError) as exc:
+                if follow is None:
+                    raise
+                logger.warning("%s: dropping %r: %s", url, follow, exc)
+                dead.add(follow.node)
+                continue
+            break
+        await self._seed_all(key, cached)
+        self.manifests[key] = replace(self.manifests[key], state="complete")
+        return cached
+
+    def _choose(self, key: str, answers: list[Answer], dead: set[str]) -> Follower | None:
+        alive = [a for a in answers if a.node not in dead]
+        holders = [a for a in alive if a.manifest is not None]
+        if holders:
+            holders.sort(key=lambda a: (a.manifest.state != "complete", a.node))  # type: ignore[union-attr]
+            return Follower(self, holders[0], key)
+        leader = ranked(key, [a.node for a in alive] + [self.node])[0]
+        if leader == self.node:
+            return None
+        return Follower(self, next(a for a in alive if a.node == leader), key)
+
+    async def _seed_all(self, key: str, cached: Any) -> None:
+        manifest = self.manifests[key]
+        for url, path in cached.files.items():
+            offer = manifest.file(file_name(url))
+            if offer is not None and offer.torrent is not None:
+                with contextlib.suppress(ValueError):
+                    if self.swarm.seeding(info_hash(offer.torrent)):
+                        continue
+            data = Path(path)
+            size, etag, modified = await run_blocking(self._lane, partial(_version, data))
+            await self._publish(key, url, data, size, etag, modified)
+
+
+def _version(data: Path) -> tuple[int, Any, Any]:
+    """The size of ``data``, and the (etag, last_modified) its entry records."""
+    size = data.stat().st_size
+    try:
+        meta = json.loads((data.parent / "meta.json").read_text())
+    except (OSError, ValueError):
+        return size, None, None
+    return size, meta.get("etag"), meta.get("last_modified")
+
+
+async def _gather(coros: Any) -> list[Any]:
+    from ..tasks import gather
+
+    results: list[Any] = []
+
+    async def one(coro: Awaitable[Any]) -> None:
+        results.append(await coro)
+
+    await gather(one(c) for c in coros)
+    return results

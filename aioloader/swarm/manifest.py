@@ -1,0 +1,244 @@
+"""What a daemon offers per model (``GET /v1/swarm/models/{key}``), and its checks.
+
+A manifest::
+
+    {"key": <model_key(url)>, "url": <redacted URL>, "node": <node id>,
+     "swarm": "ip:port", "state": "fetching" | "complete",
+     "files": [{"name", "url" (redacted), "size", "etag", "last_modified",
+                "done": bytes held, "torrent": base64 | null}]}
+
+``model_key`` is the sha256 of the URL without user info and without query values,
+so every node computes the same key and neither the key nor the manifest carries a
+secret. A manifest comes from a peer, which may lie: ``parse`` checks every field
+(types, sizes, names that could leave a folder, torrents that do not describe the
+file they are given for) and refuses the whole manifest, naming the peer.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import ipaddress
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from ..errors import FormatError
+from ..redact import redact
+
+__all__ = [
+    "MAX_FILE_SIZE",
+    "FileOffer",
+    "Manifest",
+    "ManifestError",
+    "file_name",
+    "model_key",
+    "parse",
+]
+
+State = Literal["fetching", "complete"]
+Describe = Callable[[bytes], tuple[str, int]]
+
+MAX_FILE_SIZE = 1 << 50  # 1 PiB: larger is a lie
+MAX_FILES = 100_000
+MAX_TORRENT = 32 << 20  # base64 text of one file's torrent (a v2 torrent holds 32 B a piece)
+_MAX_TEXT = 4096
+_HEX = re.compile(r"^[0-9a-f]+$")
+
+
+class ManifestError(FormatError):
+    """A peer's manifest that cannot be trusted; it is ignored."""
+
+
+def model_key(url: str) -> str:
+    """sha256 hex of ``url`` without user info, query values and fragment."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if parts is None:
+        bare = url
+    else:
+        netloc = parts.netloc.rpartition("@")[2]
+        names = "&".join(p.partition("=")[0] for p in parts.query.split("&") if p)
+        bare = urlunsplit((parts.scheme, netloc, parts.path, names, ""))
+    return hashlib.sha256(bare.encode()).hexdigest()
+
+
+def file_name(url: str) -> str:
+    """The name a file of a model goes by in a manifest: its URL's last path segment."""
+    try:
+        path = urlsplit(url).path
+    except ValueError:
+        path = url
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class FileOffer:
+    """One file of a manifest; ``torrent`` once the node holds it whole and seeds it."""
+
+    name: str
+    url: str
+    size: int
+    etag: str | None = None
+    last_modified: str | None = None
+    done: int = 0
+    torrent: bytes | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "url": redact(self.url),
+            "size": self.size,
+            "etag": self.etag,
+            "last_modified": self.last_modified,
+            "done": self.done,
+            "torrent": base64.b64encode(self.torrent).decode() if self.torrent else None,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    key: str
+    url: str
+    node: str
+    swarm: str
+    state: State = "fetching"
+    files: tuple[FileOffer, ...] = field(default=())
+
+    def file(self, name: str) -> FileOffer | None:
+        return next((f for f in self.files if f.name == name), None)
+
+    def with_file(self, offer: FileOffer) -> Manifest:
+        files = [f for f in self.files if f.name != offer.name]
+        return replace(self, files=(*files, offer))
+
+    def as_dict(self, swarm: str | None = None) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "url": redact(self.url),
+            "node": self.node,
+            "swarm": swarm or self.swarm,
+            "state": self.state,
+            "files": [f.as_dict() for f in self.files],
+        }
+
+
+def _text(value: Any, what: str, *, optional: bool = False, limit: int = _MAX_TEXT) -> Any:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise ManifestError(f"{what} is not a string of at most {limit} characters")
+    if any(not c.isprintable() for c in value):
+        raise ManifestError(f"{what} holds a control character")
+    return value
+
+
+def _count(value: Any, what: str, top: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+        raise ManifestError(f"{what} is not an integer from 0 to {top}")
+    return value
+
+
+def _name(value: Any, what: str) -> str:
+    name = _text(value, what, limit=255)
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ManifestError(f"{what} {name!r:.80} is not a plain file name")
+    return str(name)
+
+
+def _swarm(value: Any) -> str:
+    text = _text(value, "swarm", limit=64)
+    host, sep, port = text.rpartition(":")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        raise ManifestError(f"swarm {text!r:.80} is not ip:port") from None
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ManifestError(f"swarm {text!r:.80} is not ip:port")
+    return str(text)
+
+
+def _torrent(value: Any, what: str, size: int, name: str, describe: Describe | None) -> Any:
+    if value is None:
+        return None
+    text = _text(value, what, limit=MAX_TORRENT)
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ManifestError(f"{what} is not base64") from None
+    if describe is not None:
+        try:
+            t_name, t_size = describe(raw)
+        except ValueError as exc:
+            raise ManifestError(f"{what} is not a usable torrent: {exc}") from None
+        if t_size != size:
+            raise ManifestError(f"{what} describes {t_size} bytes, the manifest says {size}")
+        if t_name != name:
+            raise ManifestError(f"{what} describes a file {t_name!r:.80}, not {name!r}")
+    return raw
+
+
+def _offer(raw: Any, i: int, describe: Describe | None) -> FileOffer:
+    what = f"files[{i}]"
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{what} is not an object")
+    name = _name(raw.get("name"), f"{what}.name")
+    size = _count(raw.get("size"), f"{what}.size", MAX_FILE_SIZE)
+    return FileOffer(
+        name=name,
+        url=_text(raw.get("url"), f"{what}.url"),
+        size=size,
+        etag=_text(raw.get("etag"), f"{what}.etag", optional=True, limit=1024),
+        last_modified=_text(raw.get("last_modified"), f"{what}.last_modified", optional=True),
+        done=_count(raw.get("done", 0), f"{what}.done", size),
+        torrent=_torrent(raw.get("torrent"), f"{what}.torrent", size, name, describe),
+    )
+
+
+def parse(doc: Any, peer: str, key: str, describe: Describe | None = None) -> Manifest:
+    """The manifest a peer sent for the model ``key``.
+
+    Args:
+        doc: the decoded JSON.
+        peer: names the peer in errors.
+        describe: ``torrents.describe``, to check each torrent against its file (None:
+            torrents are taken as given, for a node without libtorrent).
+
+    Raises:
+        ManifestError: any field missing, of the wrong type, too large, a name that is
+            not a plain file name, twice the same name, a torrent that does not describe
+            its file; naming the peer.
+    """
+    try:
+        if not isinstance(doc, dict):
+            raise ManifestError("it is not a JSON object")
+        got = _text(doc.get("key"), "key", limit=64)
+        if got != key:
+            raise ManifestError(f"it is for the model {got!r:.80}, not {key}")
+        node = _text(doc.get("node"), "node", limit=64)
+        if not node or not _HEX.match(node):
+            raise ManifestError("node is not a hex id")
+        state = doc.get("state")
+        if state not in ("fetching", "complete"):
+            raise ManifestError(f"state {state!r:.40} is neither fetching nor complete")
+        files = doc.get("files")
+        if not isinstance(files, list) or len(files) > MAX_FILES:
+            raise ManifestError(f"files is not a list of at most {MAX_FILES}")
+        offers = tuple(_offer(raw, i, describe) for i, raw in enumerate(files))
+        if len({o.name for o in offers}) != len(offers):
+            raise ManifestError("it names a file twice")
+        return Manifest(
+            key=key,
+            url=_text(doc.get("url"), "url"),
+            node=node,
+            swarm=_swarm(doc.get("swarm")),
+            state=state,
+            files=offers,
+        )
+    except ManifestError as exc:
+        raise ManifestError(f"peer {peer}: its manifest of {key[:12]} is refused: {exc}") from None

@@ -1,0 +1,394 @@
+"""``Swarm``: the daemon's one libtorrent session, driven from one thread lane.
+
+Every libtorrent call runs in the lane ``swarm`` (one thread: the calls are ordered
+and the event loop never blocks on them). The session is private: no DHT, local
+service discovery, UPnP, NAT-PMP or peer exchange (only the smart-ban plugin, which
+bans a peer whose data failed a piece's hash), and no µTP (it held peers to a few
+MB/s): TCP only. An IP filter lets in only the configured peers (``allow``), for
+connections either way.
+
+Pieces are libtorrent's to move and check: a v2 torrent checks each piece against
+its merkle tree on arrival. A ``Download`` says when a byte range is whole on disk
+(``wait_range``), or that the swarm stalled (``SwarmStalled``) so that its reader can
+turn elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SourceError, StartupError
+from ..redact import redacting_logger
+from ..threads import Lane, run_blocking
+from .torrents import describe, info_hash, libtorrent
+
+__all__ = ["Download", "Swarm", "SwarmError", "SwarmStalled", "SwarmStatistics"]
+
+logger = redacting_logger(__name__)
+
+_POLL = 0.05  # seconds between looks at a download's pieces
+_PUMP = 0.25  # seconds between reads of the session's alerts
+_RECONNECT = 2.0  # seconds between new connection attempts of a download without peers
+
+
+class SwarmError(SourceError):
+    """The swarm cannot give a file (a torrent error, a closed session)."""
+
+
+class SwarmStalled(SwarmError, TimeoutError):
+    """No piece of a download arrived for the stall time."""
+
+
+@dataclass(frozen=True)
+class SwarmStatistics:
+    """A snapshot: bytes in and out per info hash, peers banned and blocked."""
+
+    downloaded: dict[str, int]
+    uploaded: dict[str, int]
+    banned: int
+    blocked: int
+    hash_failures: int
+
+
+def _settings(host: str, port: int, rate: int) -> dict[str, Any]:
+    lt = libtorrent()
+    listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    settings: dict[str, Any] = {
+        "listen_interfaces": listen,
+        "enable_dht": False,
+        "enable_lsd": False,
+        "enable_upnp": False,
+        "enable_natpmp": False,
+        "enable_outgoing_utp": False,
+        "enable_incoming_utp": False,
+        "allow_multiple_connections_per_ip": True,
+        "active_downloads": -1,
+        "active_seeds": -1,
+        "active_limit": -1,
+        "peer_connect_timeout": 3,
+        "enable_ip_notifier": False,
+        "max_retry_port_bind": 0,  # the port asked for, or an error
+        "listen_system_port_fallback": False,
+        "alert_mask": lt.alert_category.error
+        | lt.alert_category.status
+        | lt.alert_category.peer
+        | lt.alert_category.ip_block
+        | lt.alert_category.storage,
+        "upload_rate_limit": rate,
+        "download_rate_limit": rate,
+    }
+    if host not in ("0.0.0.0", "::"):
+        settings["outgoing_interfaces"] = host  # peers see this address, as the filter does
+    return settings
+
+
+class Download:
+    """One file coming from the swarm into ``path``."""
+
+    def __init__(self, swarm: Swarm, handle: Any, torrent: bytes, path: Path) -> None:
+        self.swarm = swarm
+        self.handle = handle
+        self.info_hash = info_hash(torrent)
+        self.path = path
+        self.size = describe(torrent)[1]
+        self._piece = 0
+        self._have: list[bool] = []
+        self._done = -1
+        self._moved = time.monotonic()
+        self._looked = 0.0
+        self._connected = 0.0
+        self._peers: list[tuple[str, int]] = []
+        self._lock = asyncio.Lock()
+        self.bytes_from_peers = 0
+        self.progress = 0.0
+        self._flushed = False
+
+    def __repr__(self) -> str:
+        return f"<Download {self.info_hash[:12]} {self.progress:.0%}>"
+
+    def connect(self, peers: Iterable[tuple[str, int]]) -> None:
+        """Peers to try (their swarm addresses); tried again while none is connected."""
+        self._peers = list(dict.fromkeys([*self._peers, *peers]))
+        self._connected = 0.0
+
+    def _look(self) -> tuple[list[bool], int, str | None, int]:
+        handle = self.handle
+        status = handle.status(handle.query_pieces)
+        now = time.monotonic()
+        if status.num_peers == 0 and now - self._connected > _RECONNECT:
+            self._connected = now
+            for peer in self._peers:
+                with contextlib.suppress(RuntimeError):
+                    handle.connect_peer(peer)
+        error = status.errc.message() if status.errc.value() else None
+        self._piece = self._piece or handle.torrent_file().piece_length()
+        return (
+            list(status.pieces),
+            int(status.total_wanted_done),
+            error,
+            int(status.total_payload_download),
+        )
+
+    async def _refresh(self, stall: float) -> None:
+        async with self._lock:
+            if time.monotonic() - self._looked < _POLL:
+                return
+            have, done, error, down = await run_blocking(self.swarm.lane, self._look)
+            self._looked = time.monotonic()
+            if error:
+                raise SwarmError(f"swarm download {self.info_hash[:12]} failed: {error}")
+            self._have, self.bytes_from_peers = have, down
+            self.progress = done / self.size if self.size else 1.0
+            if done != self._done:
+                self._done, self._moved = done, time.monotonic()
+            elif time.monotonic() - self._moved > stall:
+                raise SwarmStalled(
+                    f"swarm download {self.info_hash[:12]}: no piece for {stall:g} s "
+                    f"({self.progress:.0%} done)"
+                )
+
+    async def wait_range(self, start: int, end: int) -> None:
+        """Return once bytes ``[start, end)`` are checked and on disk.
+
+        libtorrent 2.1 counts a piece as had once its hash passed, which may be before
+        its bytes left its write buffer; so this waits for the whole file, then for
+        libtorrent to flush it (cache_flushed_alert), before any byte is read back.
+
+        Raises:
+            SwarmStalled: no piece arrived for the swarm's stall time.
+            SwarmError: libtorrent reports an error on the torrent.
+        """
+        if end <= start:
+            return
+        while not self._flushed:
+            await self._refresh(self.swarm.stall)
+            if self._have and all(self._have):
+                await self._flush()
+                return
+            await asyncio.sleep(_POLL)
+
+    async def _flush(self) -> None:
+        async with self._lock:
+            if self._flushed:
+                return
+            swarm = self.swarm
+            swarm._flushes.discard(self.info_hash)
+            await run_blocking(swarm.lane, self.handle.flush_cache)
+            async with asyncio.timeout(max(swarm.stall, 1.0)):
+                while self.info_hash not in swarm._flushes:
+                    await swarm.refresh()
+                    await asyncio.sleep(_POLL)
+            self._flushed = True
+
+    async def aclose(self) -> None:
+        """Take the download out of the session (its file stays; idempotent)."""
+        await self.swarm._drop(self.info_hash, self.handle)
+
+
+class Swarm:
+    """One libtorrent session listening on ``host:port``.
+
+    Args:
+        stall: seconds without a new piece before a download is ``SwarmStalled``.
+        rate: bytes per second the session sends and takes (0: no cap).
+
+    ``await start()``, then ``seed``/``download``; ``aclose`` removes every torrent and
+    stops the session. Use ``async with``.
+    """
+
+    def __init__(self, host: str, port: int, *, stall: float = 30.0, rate: int = 0) -> None:
+        self.host, self.port, self.stall, self.rate = host, port, stall, rate
+        self.lane = Lane("swarm", 1)
+        self._session: Any = None
+        self._handles: dict[str, Any] = {}
+        self._pump: asyncio.Task[None] | None = None
+        self._banned = self._blocked = self._failures = 0
+        self._allowed: list[str] = []
+        self._flushes: set[str] = set()  # info hashes whose writes libtorrent flushed
+
+    def __repr__(self) -> str:
+        return f"<Swarm {self.host}:{self.port} torrents={len(self._handles)}>"
+
+    async def __aenter__(self) -> Swarm:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start the session and listen.
+
+        Raises:
+            StartupError: libtorrent is missing, or the address cannot be listened on.
+        """
+        try:
+            await run_blocking(self.lane, self._open)
+        except StartupError:
+            self.lane.close()
+            raise
+        self._pump = asyncio.get_running_loop().create_task(
+            self._pumping(), name="aioloader swarm alerts"
+        )
+
+    def _open(self) -> None:
+        lt = libtorrent()
+        session = lt.session(_settings(self.host, self.port, self.rate), 0)  # no plugins
+        session.add_extension("smart_ban")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            session.wait_for_alert(100)
+            for alert in session.pop_alerts():
+                if isinstance(alert, lt.listen_failed_alert):
+                    raise StartupError(
+                        f"the swarm cannot listen on {self.host}:{self.port}: "
+                        f"{alert.message()}; pick another --swarm-port / AIOLOADER_SWARM_PORT"
+                    )
+                if isinstance(alert, lt.listen_succeeded_alert) and alert.socket_type in (
+                    lt.socket_type_t.tcp,
+                    lt.socket_type_t.tcp_ssl,
+                ):
+                    self._session = session
+                    self.port = int(alert.port)  # with port 0, µTP's socket has its own
+                    self._filter()
+                    return
+        raise StartupError(f"the swarm did not start listening on {self.host}:{self.port}")
+
+    def _filter(self) -> None:
+        lt = libtorrent()
+        rules = lt.ip_filter()
+        rules.add_rule("0.0.0.0", "255.255.255.255", 1)
+        rules.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 1)
+        for ip in {*self._allowed, self.host}:
+            if ip not in ("0.0.0.0", "::"):
+                rules.add_rule(ip, ip, 0)
+        self._session.set_ip_filter(rules)
+
+    async def allow(self, ips: Iterable[str]) -> None:
+        """Let only these addresses (and this node's own) connect, either way."""
+        self._allowed = sorted(set(ips))
+        await run_blocking(self.lane, self._filter)
+
+    def _add(self, torrent: bytes, folder: Path, name: str | None, seed: bool) -> Any:
+        lt = libtorrent()
+        key = info_hash(torrent)
+        old = self._handles.pop(key, None)
+        if old is not None:
+            self._session.remove_torrent(old)
+        params = lt.add_torrent_params()
+        params.ti = lt.torrent_info(torrent)
+        params.save_path = str(folder)
+        if name is not None:
+            params.renamed_files = {0: name}
+        flags = lt.torrent_flags.default_flags & ~lt.torrent_flags.auto_managed
+        params.flags = flags | lt.torrent_flags.seed_mode if seed else flags
+        handle = self._handles[key] = self._session.add_torrent(params)
+        handle.resume()  # not auto-managed: nothing else would start it
+        return handle
+
+    async def seed(self, torrent: bytes, path: Path) -> None:
+        """Offer the file at ``path`` (checked already: its cache entry) as ``torrent``;
+        a download of the same torrent is replaced."""
+        self._check_open()
+        await run_blocking(self.lane, lambda: self._add(torrent, path.parent, path.name, True))
+
+    async def download(
+        self, torrent: bytes, folder: Path, peers: Iterable[tuple[str, int]]
+    ) -> Download:
+        """Start fetching ``torrent`` into ``folder`` from ``peers`` (swarm addresses)."""
+        self._check_open()
+        handle = await run_blocking(self.lane, lambda: self._add(torrent, folder, None, False))
+        download = Download(self, handle, torrent, folder / describe(torrent)[0])
+        download.connect(peers)
+        await run_blocking(self.lane, download._look)  # connects now
+        return download
+
+    def seeding(self, key: str) -> bool:
+        return key in self._handles
+
+    async def remove(self, key: str) -> None:
+        """Stop offering or fetching the torrent of info hash ``key`` (if any)."""
+        handle = self._handles.get(key)
+        if handle is not None:
+            await self._drop(key, handle)
+
+    async def _drop(self, key: str, handle: Any) -> None:
+        if self._handles.get(key) is not handle or self._session is None:
+            return  # replaced (by a seed of the same file) or gone
+        del self._handles[key]
+        await run_blocking(self.lane, lambda: self._session.remove_torrent(handle))
+
+    def _check_open(self) -> None:
+        if self._session is None:
+            raise SwarmError("the swarm is closed")
+
+    def _alerts(self) -> dict[str, tuple[int, int]]:
+        lt = libtorrent()
+        for alert in self._session.pop_alerts():
+            if isinstance(alert, lt.peer_ban_alert):
+                self._banned += 1
+                logger.warning("swarm: banned a peer: %s", alert.message())
+            elif isinstance(alert, lt.peer_blocked_alert):
+                self._blocked += 1
+                logger.info("swarm: refused a peer outside the list: %s", alert.message())
+            elif isinstance(alert, lt.hash_failed_alert):
+                self._failures += 1
+            elif isinstance(alert, lt.cache_flushed_alert):
+                self._flushes.add(str(alert.handle.info_hashes().v2))
+            elif alert.category() & lt.alert_category.error:
+                logger.warning("swarm: %s", alert.message())
+        counts = {}
+        for key, handle in self._handles.items():
+            status = handle.status(0)
+            counts[key] = (int(status.total_payload_download), int(status.total_payload_upload))
+        return counts
+
+    async def _pumping(self) -> None:
+        while True:
+            self._counts = await run_blocking(self.lane, self._alerts)
+            await asyncio.sleep(_PUMP)
+
+    async def refresh(self) -> SwarmStatistics:
+        """Read the session's alerts now; the statistics after them."""
+        if self._session is not None:
+            self._counts = await run_blocking(self.lane, self._alerts)
+        return self.statistics()
+
+    def statistics(self) -> SwarmStatistics:
+        counts: dict[str, tuple[int, int]] = getattr(self, "_counts", {})
+        return SwarmStatistics(
+            {k: d for k, (d, _) in counts.items()},
+            {k: u for k, (_, u) in counts.items()},
+            self._banned,
+            self._blocked,
+            self._failures,
+        )
+
+    async def aclose(self) -> None:
+        """Remove every torrent and stop the session; idempotent."""
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+            self._pump = None
+        held, self._session = [self._session], None
+        self._handles.clear()
+        try:
+            if held[0] is not None:
+
+                def stop() -> None:
+                    session = held.pop()
+                    session.pause()
+                    for handle in session.get_torrents():
+                        session.remove_torrent(handle)
+                    del session  # its destructor waits for libtorrent's threads: here
+
+                await run_blocking(self.lane, stop)
+        finally:
+            self.lane.close()

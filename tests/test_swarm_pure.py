@@ -1,0 +1,237 @@
+"""The swarm's pure parts: rendezvous order, the peer list, a peer's manifest (which
+may lie)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from aioloader.errors import ConfigError
+from aioloader.swarm.manifest import (
+    MAX_FILE_SIZE,
+    FileOffer,
+    Manifest,
+    ManifestError,
+    file_name,
+    model_key,
+    parse,
+)
+from aioloader.swarm.peers import MAX_PEERS, PeerAddress, parse_peers, resolve
+from aioloader.swarm.rendezvous import ranked, weight
+from aioloader.threads import Lane
+
+# -- rendezvous ----------------------------------------------------------------------
+
+
+def test_rendezvous_known_answers() -> None:
+    assert weight("k", "a") == int.from_bytes(hashlib.sha256(b"a\0k").digest()[:8], "big")
+    assert weight("k", "a") == 11108823027332484214
+    assert ranked("k", ["a", "b", "c", "d"]) == ["c", "a", "d", "b"]
+    assert ranked("model-2", ["d", "c", "b", "a", "a"]) == ["a", "d", "b", "c"]
+    assert ranked("k", []) == []
+
+
+def test_rendezvous_moves_only_what_the_gone_node_led() -> None:
+    nodes = [f"n{i}" for i in range(8)]
+    keys = [f"model-{i}" for i in range(200)]
+    before = {k: ranked(k, nodes)[0] for k in keys}
+    after = {k: ranked(k, nodes[1:])[0] for k in keys}
+    moved = {k for k in keys if before[k] != after[k]}
+    assert moved == {k for k in keys if before[k] == "n0"}
+    assert all(after[k] == ranked(k, nodes)[1] for k in moved)  # the next in line
+    assert 10 < len(moved) < 45  # n0 led about an eighth
+
+
+# -- peers ---------------------------------------------------------------------------
+
+
+def test_peers_parse() -> None:
+    got = parse_peers("a:8790, 10.0.0.2:1,[::1]:9,A:8790,,svc.ns.svc.cluster.local:8790")
+    assert got == [
+        PeerAddress("a", 8790),
+        PeerAddress("10.0.0.2", 1),
+        PeerAddress("::1", 9),
+        PeerAddress("svc.ns.svc.cluster.local", 8790),
+    ]
+    assert str(got[2]) == "[::1]:9"
+    assert parse_peers(["a:1", "b:2,c:3"]) == [
+        PeerAddress("a", 1), PeerAddress("b", 2), PeerAddress("c", 3)
+    ]  # fmt: skip
+    assert parse_peers(None) == parse_peers("") == parse_peers(" , ") == []
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("a", "has no port"),
+        (":80", "has no port"),
+        ("a:0", "not 1-65535"),
+        ("a:65536", "not 1-65535"),
+        ("a:-1", "not 1-65535"),
+        ("a:8x", "not 1-65535"),
+        ("a:" + "9" * 400, "not 1-65535"),
+        ("::1:80", "without brackets"),
+        ("[::1]80", "no port after"),
+        ("[nothost]:80", "no IPv6 address"),
+        ("a b:80", "whitespace"),
+        ("a\n:80", "whitespace"),
+        ("a\x00:80", "control character"),
+        ("http://a:80", "not a host name"),
+        ("a/b:80", "not a host name"),
+        ("user@a:80", "not a host name"),
+        ("x" * 300 + ":80", "not a host name"),
+    ],
+)
+def test_peers_refuse_bad_entries(text: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=why) as info:
+        parse_peers(f"ok:1,{text}", where="AIOLOADER_PEERS")
+    assert "AIOLOADER_PEERS" in str(info.value) and "host:port" in str(info.value)
+
+
+def test_peers_refuse_wrong_types_and_huge_lists() -> None:
+    with pytest.raises(ConfigError, match="string"):
+        parse_peers([b"a:1"])  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match="more than"):
+        parse_peers(",".join(f"h{i}:1" for i in range(MAX_PEERS + 1)))
+
+
+async def test_peers_resolve_skips_names_that_do_not_resolve(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    peers = parse_peers("127.0.0.5:9,localhost:7,nosuchhost.invalid:8,127.0.0.5:9")
+    with Lane("test-resolve", 1) as lane:
+        got = await resolve(peers, lane)
+    assert got[0] == ("127.0.0.5", 9)
+    assert ("127.0.0.1", 7) in got or ("::1", 7) in got
+    assert all(port != 8 for _, port in got)
+    assert "nosuchhost.invalid:8 does not resolve" in caplog.text
+    assert len(got) == len(set(got))
+    assert socket  # resolution went through getaddrinfo, not a table of our own
+
+
+# -- manifest ------------------------------------------------------------------------
+
+KEY = model_key("https://h/m/")
+NODE = "ab" * 16
+
+
+def _doc(**changes: object) -> dict[str, object]:
+    file = {
+        "name": "a.safetensors",
+        "url": "https://h/m/a.safetensors",
+        "size": 10,
+        "etag": '"e"',
+        "last_modified": None,
+        "done": 10,
+        "torrent": None,
+    }
+    file.update(changes.pop("file", {}))  # type: ignore[call-overload]
+    doc = {
+        "key": KEY,
+        "url": "https://h/m/",
+        "node": NODE,
+        "swarm": "127.0.0.9:6881",
+        "state": "complete",
+        "files": [file],
+    }
+    doc.update(changes)
+    return doc
+
+
+def test_model_key_is_credential_free_and_shared() -> None:
+    plain = model_key("https://h/m/?versionId=3")
+    assert model_key("https://user:secret@h/m/?versionId=7") == plain
+    assert model_key("https://h/m/?versionId=3#frag") == plain
+    assert model_key("https://h/m/") != plain
+    assert len(plain) == 64 and "secret" not in plain
+    assert file_name("https://h/m/a.safetensors?X-Amz-Signature=s") == "a.safetensors"
+
+
+def test_manifest_round_trip_never_shows_credentials() -> None:
+    secret = "https://user:hunter2@h/m/a.safetensors?X-Amz-Signature=topsecret"
+    manifest = Manifest(KEY, "https://u:hunter2@h/m/?token=topsecret", NODE, "127.0.0.9:1")
+    manifest = manifest.with_file(FileOffer("a.safetensors", secret, 10, torrent=b"t"))
+    text = json.dumps(manifest.as_dict())
+    assert "hunter2" not in text and "topsecret" not in text
+    back = parse(json.loads(text), "p", KEY)
+    assert back.files[0].torrent == b"t" and back.files[0].size == 10
+    assert back.state == "fetching" and back.file("a.safetensors") is not None
+
+
+@pytest.mark.parametrize(
+    "changes, why",
+    [
+        ({"key": "0" * 64}, "not " + KEY),
+        ({"key": 5}, "key is not a string"),
+        ({"node": "not hex!"}, "node is not a hex id"),
+        ({"node": ""}, "node is not a hex id"),
+        ({"state": "done"}, "neither fetching nor complete"),
+        ({"state": None}, "neither"),
+        ({"swarm": "host:1"}, "not ip:port"),
+        ({"swarm": "127.0.0.1:0"}, "not ip:port"),
+        ({"swarm": ["127.0.0.1", 1]}, "swarm is not a string"),
+        ({"files": {}}, "files is not a list"),
+        ({"files": [1]}, "files\\[0\\] is not an object"),
+        ({"url": "x" * 5000}, "url is not a string of at most"),
+        ({"file": {"size": -1}}, "size is not an integer"),
+        ({"file": {"size": True}}, "size is not an integer"),
+        ({"file": {"size": 1.5}}, "size is not an integer"),
+        ({"file": {"size": "10"}}, "size is not an integer"),
+        ({"file": {"size": MAX_FILE_SIZE + 1}}, "size is not an integer"),
+        ({"file": {"done": 11}}, "done is not an integer from 0 to 10"),
+        ({"file": {"name": ".."}}, "not a plain file name"),
+        ({"file": {"name": "../../etc/passwd"}}, "not a plain file name"),
+        ({"file": {"name": "a/b"}}, "not a plain file name"),
+        ({"file": {"name": "a\\b"}}, "not a plain file name"),
+        ({"file": {"name": ""}}, "not a plain file name"),
+        ({"file": {"name": "a\x00b"}}, "control character"),
+        ({"file": {"name": 3}}, "name is not a string"),
+        ({"file": {"etag": 3}}, "etag is not a string"),
+        ({"file": {"torrent": "!!notbase64"}}, "not base64"),
+        ({"file": {"torrent": 12}}, "torrent is not a string"),
+    ],
+)
+def test_manifest_refuses_a_lying_peer(changes: dict[str, object], why: str) -> None:
+    with pytest.raises(ManifestError, match=why) as info:
+        parse(_doc(**changes), "10.0.0.7:8790", KEY)
+    assert "peer 10.0.0.7:8790" in str(info.value)
+
+
+def test_manifest_refuses_non_objects_and_twice_named_files() -> None:
+    for doc in (None, [], "x", 3):
+        with pytest.raises(ManifestError, match="not a JSON object"):
+            parse(doc, "p", KEY)
+    doc = _doc()
+    doc["files"] = doc["files"] * 2  # type: ignore[operator]
+    with pytest.raises(ManifestError, match="names a file twice"):
+        parse(doc, "p", KEY)
+
+
+def test_manifest_checks_each_torrent_against_its_file(tmp_path: Path) -> None:
+    torrents = pytest.importorskip("aioloader.swarm.torrents")
+    pytest.importorskip("libtorrent")
+    path = tmp_path / "data"
+    path.write_bytes(bytes(range(256)) * 40)
+    good = torrents.make_torrent(path, "a.safetensors")
+    assert torrents.describe(good) == ("a.safetensors", 10240)
+    assert len(torrents.info_hash(good)) == 64
+
+    def with_torrent(raw: bytes, size: int = 10240, name: str = "a.safetensors") -> object:
+        text = base64.b64encode(raw).decode()
+        return _doc(file={"torrent": text, "size": size, "done": 0, "name": name})
+
+    ok = parse(with_torrent(good), "p", KEY, torrents.describe)
+    assert ok.files[0].torrent == good
+    with pytest.raises(ManifestError, match="describes 10240 bytes, the manifest says 10"):
+        parse(with_torrent(good, size=10), "p", KEY, torrents.describe)
+    with pytest.raises(ManifestError, match=r"describes a file 'a\.safetensors'"):
+        parse(with_torrent(good, name="b.safetensors"), "p", KEY, torrents.describe)
+    with pytest.raises(ManifestError, match="not a usable torrent"):
+        parse(with_torrent(b"d4:junk3:xyze"), "p", KEY, torrents.describe)
+    with pytest.raises(ManifestError, match="not a usable torrent"):
+        parse(with_torrent(good[: len(good) // 2]), "p", KEY, torrents.describe)

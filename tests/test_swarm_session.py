@@ -1,0 +1,160 @@
+"""The swarm's libtorrent session, for real, between sessions on 127.0.0.x."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("libtorrent")
+
+from aioloader.swarm.session import Swarm, SwarmStalled
+from aioloader.swarm.torrents import info_hash, make_torrent
+
+SIZE = 3 << 20
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "seed" / "data"
+    path.parent.mkdir()
+    path.write_bytes(os.urandom(SIZE))
+    return path
+
+
+async def _until(check: object, what: str, seconds: float = 30) -> None:
+    """Poll ``check`` (a libtorrent count: nothing to wait on) up to ``seconds``."""
+    async with asyncio.timeout(seconds):
+        while not await check():  # type: ignore[operator]  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    assert what
+
+
+@pytest.fixture
+async def swarms() -> AsyncIterator[list[Swarm]]:
+    made: list[Swarm] = []
+    yield made
+    for swarm in made:
+        await swarm.aclose()
+
+
+async def _swarm(made: list[Swarm], n: int, allow: list[int], **kw: object) -> Swarm:
+    swarm = Swarm(f"127.0.0.{n}", 0, **kw)  # type: ignore[arg-type]
+    made.append(swarm)
+    await swarm.start()
+    await swarm.allow([f"127.0.0.{i}" for i in allow])
+    return swarm
+
+
+async def test_a_seed_reaches_a_peer_bit_identical_over_tcp(
+    data: Path, tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    seeder = await _swarm(swarms, 21, [22])
+    leecher = await _swarm(swarms, 22, [21])
+    await seeder.seed(torrent, data)  # from the file as it is named on disk
+    download = await leecher.download(torrent, tmp_path / "in", [("127.0.0.21", seeder.port)])
+    async with asyncio.timeout(60):
+        await download.wait_range(0, SIZE)
+    assert (tmp_path / "in" / "model.safetensors").read_bytes() == data.read_bytes()
+    assert download.bytes_from_peers >= SIZE
+    assert download.progress == 1.0
+
+    for swarm in (seeder, leecher):  # TCP only: µTP held peers to a few MB/s
+        settings = await asyncio.to_thread(swarm._session.get_settings)
+        assert settings["enable_outgoing_utp"] is settings["enable_incoming_utp"] is False
+        assert settings["enable_dht"] is settings["enable_lsd"] is False
+    stats = await seeder.refresh()
+    assert stats.uploaded[info_hash(torrent)] >= SIZE
+    await download.aclose()
+    await download.aclose()  # idempotent
+    assert not leecher.seeding(info_hash(torrent))
+
+
+async def test_a_peer_outside_the_list_gets_nothing(
+    data: Path, tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    seeder = await _swarm(swarms, 31, [32])
+    outsider = await _swarm(swarms, 33, [31])  # it would talk; the seeder will not
+    await seeder.seed(torrent, data)
+    refused = await outsider.download(torrent, tmp_path / "out", [("127.0.0.31", seeder.port)])
+
+    async def blocked() -> bool:
+        return (await seeder.refresh()).blocked >= 1
+
+    await _until(blocked, "the seeder refused the outsider")
+    assert refused.bytes_from_peers == 0
+    assert not (tmp_path / "out" / "model.safetensors").exists() or not any(
+        (tmp_path / "out" / "model.safetensors").read_bytes()
+    )
+    listed = await _swarm(swarms, 32, [31])
+    download = await listed.download(torrent, tmp_path / "in", [("127.0.0.31", seeder.port)])
+    async with asyncio.timeout(60):
+        await download.wait_range(0, SIZE)
+    assert (tmp_path / "in" / "model.safetensors").read_bytes() == data.read_bytes()
+    await refused.aclose()
+
+
+async def test_a_peer_sending_corrupt_pieces_is_banned_and_the_file_completes(
+    data: Path, tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    bad = tmp_path / "bad" / "data"
+    bad.parent.mkdir()
+    bad.write_bytes(data.read_bytes())
+    good_seed = await _swarm(swarms, 41, [43])
+    bad_seed = await _swarm(swarms, 42, [43, 44])
+    leecher = await _swarm(swarms, 43, [41, 42], stall=120)
+    await good_seed.seed(torrent, data)
+    await bad_seed.seed(torrent, bad)
+    # In seed mode a piece is hashed when first asked for: a first peer has every
+    # piece checked, then the bytes rot on disk, and the seeder sends them as they are.
+    primer = await _swarm(swarms, 44, [42])
+    primed = await primer.download(torrent, tmp_path / "primed", [("127.0.0.42", bad_seed.port)])
+    async with asyncio.timeout(60):
+        await primed.wait_range(0, SIZE)
+    corrupt = bytearray(data.read_bytes())
+    for offset in range(0, SIZE, 4096):
+        corrupt[offset] ^= 0xFF
+    with bad.open("r+b") as file:
+        file.write(corrupt)
+    download = await leecher.download(torrent, tmp_path / "in", [("127.0.0.42", bad_seed.port)])
+
+    async def banned() -> bool:
+        return (await leecher.refresh()).banned >= 1
+
+    await _until(banned, "the corrupt peer was banned", 60)
+    assert leecher.statistics().hash_failures >= 1
+    download.connect([("127.0.0.41", good_seed.port)])
+    async with asyncio.timeout(60):
+        await download.wait_range(0, SIZE)
+    assert (tmp_path / "in" / "model.safetensors").read_bytes() == data.read_bytes()
+
+
+async def test_a_download_without_peers_stalls(
+    data: Path, tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    alone = await _swarm(swarms, 51, [], stall=0.3)
+    download = await alone.download(torrent, tmp_path / "in", [("127.0.0.52", 9)])
+    with pytest.raises(SwarmStalled, match=r"no piece for 0\.3 s"):
+        async with asyncio.timeout(30):
+            await download.wait_range(0, 10)
+
+
+async def test_a_port_in_use_is_a_startup_error(swarms: list[Swarm]) -> None:
+    import socket
+
+    from aioloader.errors import StartupError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.61", 0))
+        taken.listen()
+        swarm = Swarm("127.0.0.61", taken.getsockname()[1])
+        swarms.append(swarm)
+        with pytest.raises(StartupError, match="--swarm-port"):
+            await swarm.start()
