@@ -317,3 +317,38 @@ def test_manifests_and_torrents_carry_no_credentials(
         if entry.get("torrent"):
             seen.append(base64.b64decode(entry["torrent"]).decode("latin-1"))
     assert [text for text in seen if secret in text] == []
+
+
+@needs_swarm
+def test_a_node_that_follows_is_never_followed(
+    origin: Origin, model: Model, tmp_path: Path
+) -> None:
+    """The rendezvous follower is asked first and waits for the leader; the leader, asked
+    next, must pull from the origin, not follow the node that waits for it (each would
+    wait for the other until the stall time, here far beyond the test's wait)."""
+    from aioloader.swarm.manifest import model_key
+    from aioloader.swarm.rendezvous import ranked
+
+    url = _url(origin, model)
+    key = model_key(url)
+    args = ["--swarm-wait", "1", "--swarm-stall", "600"]
+    with Fleet(2, tmp_path / "fleet", swarm=True, args=args) as fleet:
+        fleet.start()
+        ids = {}
+        for node in fleet.nodes:
+            status, body = node.get("/v1/swarm/node")
+            assert status == 200, body
+            ids[body["node"]] = node.index
+        leader = ids[ranked(key, list(ids))[0]]
+        follower = 1 - leader
+        fleet.post(follower, url, "llm")
+
+        def waiting(node: object) -> bool:
+            status, body = fleet[follower].get(f"/v1/swarm/models/{key}")
+            return status == 200 and body.get("state") != "complete"
+
+        fleet.wait_for(fleet[follower], waiting, 30, "the follower to wait for the leader")
+        fleet.post(leader, url, "llm")
+        fleet.wait_all("llm", [0, 1], seconds=60)
+        _identical(fleet, [0, 1], model, origin)
+    assert origin.bytes_total <= 1.05 * model.size

@@ -160,7 +160,7 @@ def test_manifest_round_trip_never_shows_credentials() -> None:
     assert "hunter2" not in text and "topsecret" not in text
     back = parse(json.loads(text), "p", KEY)
     assert back.files[0].torrent == b"t" and back.files[0].size == 10
-    assert back.state == "fetching" and back.file("a.safetensors") is not None
+    assert back.state == "following" and back.file("a.safetensors") is not None
 
 
 @pytest.mark.parametrize(
@@ -170,8 +170,8 @@ def test_manifest_round_trip_never_shows_credentials() -> None:
         ({"key": 5}, "key is not a string"),
         ({"node": "not hex!"}, "node is not a hex id"),
         ({"node": ""}, "node is not a hex id"),
-        ({"state": "done"}, "neither fetching nor complete"),
-        ({"state": None}, "neither"),
+        ({"state": "done"}, "not fetching, following or complete"),
+        ({"state": None}, "not fetching, following"),
         ({"swarm": "host:1"}, "not ip:port"),
         ({"swarm": "127.0.0.1:0"}, "not ip:port"),
         ({"swarm": ["127.0.0.1", 1]}, "swarm is not a string"),

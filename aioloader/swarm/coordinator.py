@@ -2,9 +2,14 @@
 
 ``Coordinator.fetch(url)``:
 
-1. ask every peer ``GET /v1/swarm/models/{key}`` at once, within ``wait`` seconds (a
-   peer that does not answer costs that much at most, once);
-2. a peer that holds the model, or is fetching it, is followed (complete first);
+1. ask every peer ``GET /v1/swarm/models/{key}`` at once, within ``wait`` seconds;
+   while nobody holds the model or pulls it and some listed peers have not answered,
+   ask again for up to ``SETTLE`` times ``wait`` (a cold cluster's daemons start
+   within seconds of each other: one not listening yet must not be ranked out; a
+   peer that never comes costs that much, once);
+2. a peer that holds the model, or pulls it from the origin, is followed (complete
+   first); a peer that follows another is never followed (two nodes could each wait
+   for the other): its manifest says ``following``;
 3. nobody has it: the nodes that answered and this one are ranked (rendezvous.py);
    the first pulls from the origin and publishes each file as it commits, the others
    follow it (polling its manifest until it has one);
@@ -32,7 +37,7 @@ from ..errors import LoaderError
 from ..redact import redacting_logger
 from ..sources.base import Source
 from ..threads import Lane, run_blocking
-from .manifest import FileOffer, Manifest, ManifestError, file_name, model_key, parse
+from .manifest import FileOffer, Manifest, ManifestError, State, file_name, model_key, parse
 from .peers import PeerAddress, resolve
 from .rendezvous import ranked
 from .session import Swarm, SwarmError, SwarmStalled
@@ -44,6 +49,7 @@ __all__ = ["Coordinator", "Follower"]
 logger = redacting_logger(__name__)
 
 _POLL = 0.25  # seconds between looks at a followed node's manifest
+SETTLE = 5  # times ``wait``: how long silent peers are asked again before ranking
 _MAX_ANSWER = 64 << 20
 
 
@@ -248,14 +254,15 @@ class Coordinator:
         key = model_key(url)
         reads = self.reads.setdefault(key, Reads())  # over every try of the model
         self.manifests.setdefault(key, Manifest(key, url, self.node, self.advertised))
-        apis = await self._peers()
-        answers = [a for a in await _gather(self.ask(api, key) for api in apis) if a]
-        answers = [a for a in answers if a.node != self.node]
+        answers = await self._survey(key)
         dead: set[str] = set()
         while True:
             follow = self._choose(key, answers, dead)
             if follow is not None:
                 follow.others = [a.manifest.swarm for a in answers if a.manifest]
+            if self.manifests[key].state != "complete":
+                state: State = "following" if follow is not None else "fetching"
+                self.manifests[key] = replace(self.manifests[key], state=state)
             logger.info(
                 "%s: %s", url, f"following {follow!r}" if follow else "pulling from the origin"
             )
@@ -278,9 +285,23 @@ class Coordinator:
         self.manifests[key] = replace(self.manifests[key], state="complete")
         return cached
 
+    async def _survey(self, key: str) -> list[Answer]:
+        """The other nodes' answers about ``key``: asked again while nobody holds or pulls
+        it and some listed peer is silent, for ``SETTLE`` times ``wait`` at most."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETTLE * self.wait
+        while True:
+            apis = await self._peers()
+            found = await _gather(self.ask(api, key) for api in apis)
+            answers = [a for a in found if a is not None and a.node != self.node]
+            silent = sum(1 for a in found if a is None)
+            if not silent or any(_leads(a) for a in answers) or loop.time() >= deadline:
+                return answers
+            await asyncio.sleep(min(self.wait, max(0.0, deadline - loop.time())))
+
     def _choose(self, key: str, answers: list[Answer], dead: set[str]) -> Follower | None:
         alive = [a for a in answers if a.node not in dead]
-        holders = [a for a in alive if a.manifest is not None]
+        holders = [a for a in alive if _leads(a)]
         if holders:
             holders.sort(key=lambda a: (a.manifest.state != "complete", a.node))  # type: ignore[union-attr]
             return Follower(self, holders[0], key)
@@ -300,6 +321,11 @@ class Coordinator:
             data = Path(path)
             size, etag, modified = await run_blocking(self._lane, partial(_version, data))
             await self._publish(key, url, data, size, etag, modified)
+
+
+def _leads(answer: Answer) -> bool:
+    """Whether ``answer``'s node holds the model or pulls it from the origin."""
+    return answer.manifest is not None and answer.manifest.state != "following"
 
 
 def _version(data: Path) -> tuple[int, Any, Any]:

@@ -3,9 +3,13 @@
 A manifest::
 
     {"key": <model_key(url)>, "url": <redacted URL>, "node": <node id>,
-     "swarm": "ip:port", "state": "fetching" | "complete",
+     "swarm": "ip:port", "state": "fetching" | "following" | "complete",
      "files": [{"name", "url" (redacted), "size", "etag", "last_modified",
                 "done": bytes held, "torrent": base64 | null}]}
+
+``state``: ``fetching``, the node pulls the model from the origin (it leads); ``following``,
+it waits for or downloads from another node (or has not chosen yet): nobody follows it,
+or two nodes could each wait for the other; ``complete``, it holds every file.
 
 ``model_key`` is the sha256 of the URL without user info and without query values,
 so every node computes the same key and neither the key nor the manifest carries a
@@ -39,7 +43,7 @@ __all__ = [
     "parse",
 ]
 
-State = Literal["fetching", "complete"]
+State = Literal["fetching", "following", "complete"]
 Describe = Callable[[bytes], tuple[str, int]]
 
 MAX_FILE_SIZE = 1 << 50  # 1 PiB: larger is a lie
@@ -107,7 +111,7 @@ class Manifest:
     url: str
     node: str
     swarm: str
-    state: State = "fetching"
+    state: State = "following"
     files: tuple[FileOffer, ...] = field(default=())
 
     def file(self, name: str) -> FileOffer | None:
@@ -224,8 +228,8 @@ def parse(doc: Any, peer: str, key: str, describe: Describe | None = None) -> Ma
         if not node or not _HEX.match(node):
             raise ManifestError("node is not a hex id")
         state = doc.get("state")
-        if state not in ("fetching", "complete"):
-            raise ManifestError(f"state {state!r:.40} is neither fetching nor complete")
+        if state not in ("fetching", "following", "complete"):
+            raise ManifestError(f"state {state!r:.40} is not fetching, following or complete")
         files = doc.get("files")
         if not isinstance(files, list) or len(files) > MAX_FILES:
             raise ManifestError(f"files is not a list of at most {MAX_FILES}")
