@@ -352,3 +352,23 @@ def test_a_node_that_follows_is_never_followed(
         fleet.wait_all("llm", [0, 1], seconds=60)
         _identical(fleet, [0, 1], model, origin)
     assert origin.bytes_total <= 1.05 * model.size
+
+
+@needs_swarm
+def test_a_file_read_in_many_ranges_at_once_comes_from_one_download(
+    origin: Origin, model: Model, tmp_path: Path
+) -> None:
+    """With 1 MiB chunks the cache reads each 8 MiB shard in eight ranges at once; each
+    range used to start a download of the same torrent, replacing the one before in the
+    session, whose readers then failed ("invalid torrent handle used")."""
+    url = _url(origin, model)
+    env = {"AIOLOADER_CHUNK_SIZE": "1MiB"}
+    with Fleet(2, tmp_path / "fleet", swarm=True, args=SWARM_ARGS, env=env) as fleet:
+        fleet.start()
+        fleet.post(0, url, "llm")
+        fleet.wait_ready(0, "llm", seconds=60)
+        fleet.post(1, url, "llm")
+        record = fleet.wait_ready(1, "llm", seconds=60)
+        _identical(fleet, [0, 1], model, origin)
+    assert _swarm_bytes(record)[1] >= 0.95 * model.size
+    assert origin.bytes_total <= 1.05 * model.size

@@ -186,10 +186,13 @@ class Coordinator:
         try:
             async with asyncio.timeout(self.wait):
                 async with self._client.get(url) as response:
-                    raw = await response.content.read(_MAX_ANSWER)
                     status = response.status
+                    raw = await _body(response, _MAX_ANSWER)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             logger.debug("peer %s: no answer (%s)", api, exc)
+            return None
+        except ValueError as exc:
+            logger.warning("peer %s: %s; ignored", api, exc)
             return None
         try:
             doc = json.loads(raw)
@@ -321,6 +324,18 @@ class Coordinator:
             data = Path(path)
             size, etag, modified = await run_blocking(self._lane, partial(_version, data))
             await self._publish(key, url, data, size, etag, modified)
+
+
+async def _body(response: Any, limit: int) -> bytes:
+    """The whole body, as many chunks as it comes in; ValueError past ``limit`` bytes
+    (``content.read(n)`` returns what has arrived, a manifest's first chunk only)."""
+    chunks, total = [], 0
+    async for chunk in response.content.iter_any():
+        total += len(chunk)
+        if total > limit:
+            raise ValueError(f"an answer over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _leads(answer: Answer) -> bool:

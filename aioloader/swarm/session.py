@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import SourceError, StartupError
 from ..redact import redacting_logger
 from ..threads import Lane, run_blocking
+from .settings_pack import settings_pack
 from .torrents import describe, info_hash, libtorrent
 
 __all__ = ["Download", "Swarm", "SwarmError", "SwarmStalled", "SwarmStatistics"]
@@ -54,38 +55,6 @@ class SwarmStatistics:
     banned: int
     blocked: int
     hash_failures: int
-
-
-def _settings(host: str, port: int, rate: int) -> dict[str, Any]:
-    lt = libtorrent()
-    listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    settings: dict[str, Any] = {
-        "listen_interfaces": listen,
-        "enable_dht": False,
-        "enable_lsd": False,
-        "enable_upnp": False,
-        "enable_natpmp": False,
-        "enable_outgoing_utp": False,
-        "enable_incoming_utp": False,
-        "allow_multiple_connections_per_ip": True,
-        "active_downloads": -1,
-        "active_seeds": -1,
-        "active_limit": -1,
-        "peer_connect_timeout": 3,
-        "enable_ip_notifier": False,
-        "max_retry_port_bind": 0,  # the port asked for, or an error
-        "listen_system_port_fallback": False,
-        "alert_mask": lt.alert_category.error
-        | lt.alert_category.status
-        | lt.alert_category.peer
-        | lt.alert_category.ip_block
-        | lt.alert_category.storage,
-        "upload_rate_limit": rate,
-        "download_rate_limit": rate,
-    }
-    if host not in ("0.0.0.0", "::"):
-        settings["outgoing_interfaces"] = host  # peers see this address, as the filter does
-    return settings
 
 
 class Download:
@@ -239,7 +208,7 @@ class Swarm:
 
     def _open(self) -> None:
         lt = libtorrent()
-        session = lt.session(_settings(self.host, self.port, self.rate), 0)  # no plugins
+        session = lt.session(settings_pack(self.host, self.port, self.rate), 0)  # no plugins
         session.add_extension("smart_ban")
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -280,13 +249,21 @@ class Swarm:
         key = info_hash(torrent)
         old = self._handles.pop(key, None)
         if old is not None:
+            # Removal is asynchronous: a torrent added again before it is gone would get
+            # the old, dying handle back (and "invalid torrent handle" on its next use).
             self._session.remove_torrent(old)
+            deadline = time.monotonic() + 10
+            while old.is_valid():
+                if time.monotonic() > deadline:
+                    raise SwarmError(f"swarm torrent {key[:12]}: not removed within 10 s")
+                time.sleep(0.005)
         params = lt.add_torrent_params()
         params.ti = lt.torrent_info(torrent)
         params.save_path = str(folder)
         if name is not None:
             params.renamed_files = {0: name}
         flags = lt.torrent_flags.default_flags & ~lt.torrent_flags.auto_managed
+        flags |= lt.torrent_flags.duplicate_is_error
         params.flags = flags | lt.torrent_flags.seed_mode if seed else flags
         handle = self._handles[key] = self._session.add_torrent(params)
         handle.resume()  # not auto-managed: nothing else would start it

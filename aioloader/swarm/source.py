@@ -14,6 +14,7 @@ Every byte is counted as from the origin or from the peers (``Reads``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -78,8 +79,18 @@ class _SwarmBlob(Blob):
         self.last_modified = offer.last_modified
         self._download: Download | None = None
         self._fd: int | None = None
+        # The cache reads a file in many ranges at once: one of them starts the download,
+        # the others wait for it (a second download of the torrent would replace the
+        # first in the session, and the first's handle would die under its readers).
+        self._starting = asyncio.Lock()
 
     async def _ready(self) -> Download:
+        if self._download is not None:
+            return self._download
+        async with self._starting:
+            return await self._start()
+
+    async def _start(self) -> Download:
         if self._download is None:
             follow, swarm = self.source.follow, self.source.swarm
             assert follow is not None
@@ -87,8 +98,9 @@ class _SwarmBlob(Blob):
             from .torrents import info_hash
 
             folder = self.source.scratch / info_hash(torrent)
-            self._download = await swarm.download(torrent, folder, follow.swarm_peers())
-            self._fd = await run_blocking(self.source.lane, lambda: _open_when_made(self._download))
+            download = await swarm.download(torrent, folder, follow.swarm_peers())
+            self._fd = await run_blocking(self.source.lane, lambda: _open_when_made(download))
+            self._download = download  # last: a reader that sees it finds the file open
         return self._download
 
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:

@@ -1,0 +1,44 @@
+"""The libtorrent settings of the daemon's swarm session (session.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .torrents import libtorrent
+
+__all__ = ["settings_pack"]
+
+
+def settings_pack(host: str, port: int, rate: int) -> dict[str, Any]:
+    """The session's settings: listening on ``host:port`` only, private (no DHT, local
+    discovery, UPnP or NAT-PMP), TCP only (µTP held peers to a few MB/s), every torrent
+    active, ``rate`` bytes per second each way (0: no cap)."""
+    lt = libtorrent()
+    listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    settings: dict[str, Any] = {
+        "listen_interfaces": listen,
+        "enable_dht": False,
+        "enable_lsd": False,
+        "enable_upnp": False,
+        "enable_natpmp": False,
+        "enable_outgoing_utp": False,
+        "enable_incoming_utp": False,
+        "allow_multiple_connections_per_ip": True,
+        "active_downloads": -1,
+        "active_seeds": -1,
+        "active_limit": -1,
+        "peer_connect_timeout": 3,
+        "enable_ip_notifier": False,
+        "max_retry_port_bind": 0,  # the port asked for, or an error
+        "listen_system_port_fallback": False,
+        "alert_mask": lt.alert_category.error
+        | lt.alert_category.status
+        | lt.alert_category.peer
+        | lt.alert_category.ip_block
+        | lt.alert_category.storage,
+        "upload_rate_limit": rate,
+        "download_rate_limit": rate,
+    }
+    if host not in ("0.0.0.0", "::"):
+        settings["outgoing_interfaces"] = host  # peers see this address, as the filter does
+    return settings

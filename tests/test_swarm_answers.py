@@ -1,0 +1,79 @@
+"""A peer's manifest arrives in as many chunks as the network makes of it; the node that
+asks reads the whole answer (up to its bound) before parsing it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+pytest.importorskip("libtorrent")
+
+from aioloader.swarm.coordinator import Coordinator
+from aioloader.swarm.manifest import FileOffer, Manifest, model_key
+from aioloader.swarm.torrents import make_torrent
+
+URL = "http://origin.test/m/model.safetensors.index.json"
+NODE = "cd" * 16
+
+
+async def _serve(body: bytes, pieces: int) -> tuple[web.AppRunner, str]:
+    async def manifest(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        step = -(-len(body) // pieces)
+        for at in range(0, len(body), step):
+            await response.write(body[at : at + step])
+            await asyncio.sleep(0.05)  # each piece its own read on the other side
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/swarm/models/{key}", manifest)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"127.0.0.1:{port}"
+
+
+def _manifest(tmp_path: Path, files: int) -> dict[str, object]:
+    manifest = Manifest(model_key(URL), URL, NODE, "127.0.0.9:6881", state="complete")
+    for i in range(files):
+        data = tmp_path / f"shard-{i}"
+        data.write_bytes(os.urandom(4096 + i))
+        name = f"model-{i:05d}.safetensors"
+        torrent = make_torrent(data, name)
+        url = f"http://origin.test/m/{name}"
+        manifest = manifest.with_file(FileOffer(name, url, 4096 + i, torrent=torrent))
+    return manifest.as_dict()
+
+
+@pytest.mark.parametrize("pieces", [1, 7])
+async def test_a_manifest_in_many_chunks_is_read_whole(tmp_path: Path, pieces: int) -> None:
+    doc = _manifest(tmp_path, 40)
+    body = json.dumps(doc).encode()
+    runner, api = await _serve(body, pieces)
+    try:
+        async with Coordinator(
+            None,  # type: ignore[arg-type]  # asking peers needs no session
+            [],
+            "ef" * 16,
+            None,
+            5.0,
+            tmp_path / "scratch",
+            "127.0.0.1:1",
+        ) as coordinator:
+            answer = await coordinator.ask(api, model_key(URL))
+    finally:
+        await runner.cleanup()
+    assert answer is not None and answer.manifest is not None
+    assert answer.node == NODE
+    assert len(answer.manifest.files) == 40
+    assert answer.manifest.state == "complete"
