@@ -77,3 +77,35 @@ async def test_a_manifest_in_many_chunks_is_read_whole(tmp_path: Path, pieces: i
     assert answer.node == NODE
     assert len(answer.manifest.files) == 40
     assert answer.manifest.state == "complete"
+
+
+async def test_a_node_without_the_model_still_gives_its_swarm_address(tmp_path: Path) -> None:
+    """Followers trade pieces with every node that answered, not only the one they follow:
+    a 'not held' answer names the node's swarm address too."""
+    body = json.dumps({"error": "not_held", "node": NODE, "swarm": "127.0.0.9:6881"}).encode()
+
+    async def not_held(request: web.Request) -> web.Response:
+        return web.Response(body=body, status=404, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/v1/swarm/models/{key}", not_held)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with Coordinator(
+            None,  # type: ignore[arg-type]
+            [],
+            "ef" * 16,
+            None,
+            5.0,
+            tmp_path / "scratch",
+            "127.0.0.1:1",
+        ) as coordinator:
+            answer = await coordinator.ask(f"127.0.0.1:{port}", model_key(URL))
+    finally:
+        await runner.cleanup()
+    assert answer is not None and answer.manifest is None
+    assert answer.node == NODE and answer.swarm == "127.0.0.9:6881"

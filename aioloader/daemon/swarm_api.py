@@ -2,7 +2,7 @@
 
     GET /v1/swarm/node          {"node": <id>, "swarm": "ip:port"}
     GET /v1/swarm/models/{key}  the model's manifest (swarm/manifest.py), or 404
-                                {"error": "not_held", "node": <id>, ...}
+                                {"error": "not_held", "node": <id>, "swarm": "ip:port"}
 
 Without peers configured both answer 404 ``no_swarm``. A manifest never shows a
 URL's credentials; its ``swarm`` address is this node's as the asking peer reached it
@@ -60,7 +60,8 @@ def add_swarm_routes(app: web.Application, coordinator: Callable[[], Any]) -> No
             return _refusal(400, "bad_key", detail, node=held.node)
         manifest = held.manifests.get(key)
         if manifest is None:
-            return _refusal(404, "not_held", "no such model here", node=held.node)
+            swarm = _advertised(request, held)  # a peer to trade pieces with all the same
+            return _refusal(404, "not_held", "no such model here", node=held.node, swarm=swarm)
         return web.json_response(manifest.as_dict(_advertised(request, held)))
 
     app.router.add_get("/v1/swarm/node", answering(node))

@@ -28,7 +28,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,10 +37,20 @@ from ..errors import LoaderError
 from ..redact import redacting_logger
 from ..sources.base import Source
 from ..threads import Lane, run_blocking
-from .manifest import FileOffer, Manifest, ManifestError, State, file_name, model_key, parse
+from .follower import Answer, Follower, known_torrent, leads
+from .manifest import (
+    FileOffer,
+    Manifest,
+    ManifestError,
+    State,
+    file_name,
+    model_key,
+    parse,
+    swarm_address,
+)
 from .peers import PeerAddress, resolve
 from .rendezvous import ranked
-from .session import Swarm, SwarmError, SwarmStalled
+from .session import Swarm, SwarmError
 from .source import Reads, SwarmSource
 from .torrents import describe, info_hash, make_torrent
 
@@ -51,71 +61,6 @@ logger = redacting_logger(__name__)
 _POLL = 0.25  # seconds between looks at a followed node's manifest
 SETTLE = 5  # times ``wait``: how long silent peers are asked again before ranking
 _MAX_ANSWER = 64 << 20
-
-
-@dataclass
-class Answer:
-    """A peer that answered: its API address, node id and manifest of the model (if any)."""
-
-    api: str
-    node: str
-    manifest: Manifest | None
-
-
-class Follower:
-    """The node a fetch follows: its manifest, polled while this node waits for it."""
-
-    def __init__(self, coordinator: Coordinator, answer: Answer, key: str) -> None:
-        self.c = coordinator
-        self.api = answer.api
-        self.node = answer.node
-        self.key = key
-        self.manifest = answer.manifest
-        self.others: list[str] = []  # other nodes' swarm addresses, to trade pieces with
-
-    def __repr__(self) -> str:
-        return f"<Follow {self.node[:8]} at {self.api}>"
-
-    def swarm_peers(self) -> list[tuple[str, int]]:
-        found = []
-        for text in ([self.manifest.swarm] if self.manifest else []) + self.others:
-            host, _, port = text.rpartition(":")
-            found.append((host.strip("[]"), int(port)))
-        return found
-
-    async def _wait(self, ready: Callable[[], Any], what: str) -> Any:
-        """Poll the manifest until ``ready()`` gives something; SwarmStalled when the
-        node's manifest did not change for the stall time."""
-        stall = self.c.swarm.stall
-        loop = asyncio.get_running_loop()
-        moved = loop.time()
-        while True:
-            found = ready()
-            if found is not None:
-                return found
-            if loop.time() - moved > stall:
-                raise SwarmStalled(f"{self!r}: no {what} for {stall:g} s")
-            await asyncio.sleep(_POLL)
-            answer = await self.c.ask(self.api, self.key)
-            if answer is not None and answer.node == self.node and answer.manifest is not None:
-                if answer.manifest != self.manifest:
-                    moved = loop.time()
-                self.manifest = answer.manifest
-
-    async def offer(self, name: str) -> FileOffer:
-        def ready() -> FileOffer | None:
-            return self.manifest.file(name) if self.manifest else None
-
-        found: FileOffer = await self._wait(ready, f"file {name}")
-        return found
-
-    async def torrent(self, name: str) -> bytes:
-        def ready() -> bytes | None:
-            offer = self.manifest.file(name) if self.manifest else None
-            return offer.torrent if offer else None
-
-        found: bytes = await self._wait(ready, f"torrent of {name}")
-        return found
 
 
 class Coordinator:
@@ -204,7 +149,11 @@ class Coordinator:
             logger.warning("peer %s: its answer names no node (HTTP %d); ignored", api, status)
             return None
         if status == 404:
-            return Answer(api, node, None)
+            try:
+                swarm = swarm_address(doc.get("swarm"))
+            except ManifestError:
+                swarm = None  # it cannot trade pieces; it still counts in the ranking
+            return Answer(api, node, None, swarm)
         if status != 200:
             logger.warning("peer %s: HTTP %d for a manifest; ignored", api, status)
             return None
@@ -215,7 +164,7 @@ class Coordinator:
             return None
         if manifest.node != node:
             return None
-        return Answer(api, node, manifest)
+        return Answer(api, node, manifest, manifest.swarm)
 
     # -- the manifests this node offers ---------------------------------------------------
 
@@ -228,19 +177,32 @@ class Coordinator:
 
         return noted
 
-    def _on_file(self, key: str) -> Callable[[str, Path, Any], Awaitable[None]]:
+    def _on_file(
+        self, key: str, follow: Follower | None = None
+    ) -> Callable[[str, Path, Any], Awaitable[None]]:
         async def on_file(url: str, data: Path, version: Any) -> None:
-            await self._publish(key, url, data, version.size, version.etag, version.last_modified)
+            size, etag = version.size, version.etag
+            known = known_torrent(follow, file_name(url), size, etag)
+            await self._publish(key, url, data, size, etag, version.last_modified, known)
 
         return on_file
 
     async def _publish(
-        self, key: str, url: str, data: Path, size: int, etag: Any, modified: Any
+        self,
+        key: str,
+        url: str,
+        data: Path,
+        size: int,
+        etag: Any,
+        modified: Any,
+        torrent: bytes | None = None,
     ) -> None:
-        """Seed a committed file and show its torrent in the model's manifest."""
+        """Seed a committed file and show its torrent in the model's manifest; ``torrent``:
+        the followed node's for these very bytes, else it is made (hashing the file)."""
         name = file_name(url)
         try:
-            torrent = await run_blocking(self._lane, lambda: make_torrent(data, name))
+            if torrent is None:
+                torrent = await run_blocking(self._lane, lambda: make_torrent(data, name))
             await self.swarm.seed(torrent, data)
         except (OSError, LoaderError) as exc:
             logger.warning("%s: not offered to peers: %s", url, exc)
@@ -262,7 +224,9 @@ class Coordinator:
         while True:
             follow = self._choose(key, answers, dead)
             if follow is not None:
-                follow.others = [a.manifest.swarm for a in answers if a.manifest]
+                # Every node that answered trades pieces, not only the followed one: the
+                # followers' uploads add up, where the leader's alone would be the limit.
+                follow.others = [a.swarm for a in answers if a.swarm and a.node != follow.node]
             if self.manifests[key].state != "complete":
                 state: State = "following" if follow is not None else "fetching"
                 self.manifests[key] = replace(self.manifests[key], state=state)
@@ -276,7 +240,7 @@ class Coordinator:
                 )
 
             try:
-                cached = await fetch(url, source=hook, on_file=self._on_file(key), **kwargs)
+                cached = await fetch(url, source=hook, on_file=self._on_file(key, follow), **kwargs)
             except (SwarmError, LoaderError) as exc:
                 if follow is None:
                     raise
@@ -298,20 +262,21 @@ class Coordinator:
             found = await _gather(self.ask(api, key) for api in apis)
             answers = [a for a in found if a is not None and a.node != self.node]
             silent = sum(1 for a in found if a is None)
-            if not silent or any(_leads(a) for a in answers) or loop.time() >= deadline:
+            if not silent or any(leads(a) for a in answers) or loop.time() >= deadline:
                 return answers
             await asyncio.sleep(min(self.wait, max(0.0, deadline - loop.time())))
 
     def _choose(self, key: str, answers: list[Answer], dead: set[str]) -> Follower | None:
         alive = [a for a in answers if a.node not in dead]
-        holders = [a for a in alive if _leads(a)]
+        holders = [a for a in alive if leads(a)]
         if holders:
             holders.sort(key=lambda a: (a.manifest.state != "complete", a.node))  # type: ignore[union-attr]
-            return Follower(self, holders[0], key)
+            return Follower(holders[0], key, self.ask, self.swarm.stall)
         leader = ranked(key, [a.node for a in alive] + [self.node])[0]
         if leader == self.node:
             return None
-        return Follower(self, next(a for a in alive if a.node == leader), key)
+        chosen = next(a for a in alive if a.node == leader)
+        return Follower(chosen, key, self.ask, self.swarm.stall)
 
     async def _seed_all(self, key: str, cached: Any) -> None:
         manifest = self.manifests[key]
@@ -336,11 +301,6 @@ async def _body(response: Any, limit: int) -> bytes:
             raise ValueError(f"an answer over {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _leads(answer: Answer) -> bool:
-    """Whether ``answer``'s node holds the model or pulls it from the origin."""
-    return answer.manifest is not None and answer.manifest.state != "following"
 
 
 def _version(data: Path) -> tuple[int, Any, Any]:

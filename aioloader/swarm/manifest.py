@@ -41,6 +41,7 @@ __all__ = [
     "file_name",
     "model_key",
     "parse",
+    "swarm_address",
 ]
 
 State = Literal["fetching", "following", "complete"]
@@ -155,7 +156,12 @@ def _name(value: Any, what: str) -> str:
     return str(name)
 
 
-def _swarm(value: Any) -> str:
+def swarm_address(value: Any) -> str:
+    """``value`` checked as a swarm address, ``ip:port``.
+
+    Raises:
+        ManifestError: it is not one.
+    """
     text = _text(value, "swarm", limit=64)
     host, sep, port = text.rpartition(":")
     try:
@@ -240,7 +246,7 @@ def parse(doc: Any, peer: str, key: str, describe: Describe | None = None) -> Ma
             key=key,
             url=_text(doc.get("url"), "url"),
             node=node,
-            swarm=_swarm(doc.get("swarm")),
+            swarm=swarm_address(doc.get("swarm")),
             state=state,
             files=offers,
         )

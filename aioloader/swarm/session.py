@@ -35,7 +35,7 @@ logger = redacting_logger(__name__)
 
 _POLL = 0.05  # seconds between looks at a download's pieces
 _PUMP = 0.25  # seconds between reads of the session's alerts
-_RECONNECT = 2.0  # seconds between new connection attempts of a download without peers
+_RECONNECT = 2.0  # seconds between connection attempts to peers a download lacks
 
 
 class SwarmError(SourceError):
@@ -82,7 +82,7 @@ class Download:
         return f"<Download {self.info_hash[:12]} {self.progress:.0%}>"
 
     def connect(self, peers: Iterable[tuple[str, int]]) -> None:
-        """Peers to try (their swarm addresses); tried again while none is connected."""
+        """Peers to try (their swarm addresses); tried again while some are not connected."""
         self._peers = list(dict.fromkeys([*self._peers, *peers]))
         self._connected = 0.0
 
@@ -90,7 +90,8 @@ class Download:
         handle = self.handle
         status = handle.status(handle.query_pieces)
         now = time.monotonic()
-        if status.num_peers == 0 and now - self._connected > _RECONNECT:
+        # Peers not yet holding the torrent refuse at first; ask again until all are in.
+        if status.num_peers < len(self._peers) and now - self._connected > _RECONNECT:
             self._connected = now
             for peer in self._peers:
                 with contextlib.suppress(RuntimeError):

@@ -1,0 +1,104 @@
+"""The node a fetch follows (coordinator.py): what it answered, and its manifest, polled
+while this node waits for a file or a torrent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .manifest import FileOffer, Manifest
+from .session import SwarmStalled
+
+__all__ = ["Answer", "Follower", "known_torrent", "leads"]
+
+_POLL = 0.25  # seconds between looks at a followed node's manifest
+
+
+@dataclass
+class Answer:
+    """A peer that answered: its API address, node id and manifest of the model (if any)."""
+
+    api: str
+    node: str
+    manifest: Manifest | None
+    swarm: str | None = None  # its swarm address: every node trades pieces
+
+
+class Follower:
+    """The node a fetch follows: its manifest, polled while this node waits for it."""
+
+    def __init__(
+        self,
+        answer: Answer,
+        key: str,
+        ask: Callable[[str, str], Awaitable[Answer | None]],
+        stall: float,
+    ) -> None:
+        self._ask = ask  # the coordinator's: a peer's answer about a model
+        self._stall = stall
+        self.api = answer.api
+        self.node = answer.node
+        self.key = key
+        self.manifest = answer.manifest
+        self.others: list[str] = []  # other nodes' swarm addresses, to trade pieces with
+
+    def __repr__(self) -> str:
+        return f"<Follow {self.node[:8]} at {self.api}>"
+
+    def swarm_peers(self) -> list[tuple[str, int]]:
+        found = []
+        for text in ([self.manifest.swarm] if self.manifest else []) + self.others:
+            host, _, port = text.rpartition(":")
+            found.append((host.strip("[]"), int(port)))
+        return found
+
+    async def _wait(self, ready: Callable[[], Any], what: str) -> Any:
+        """Poll the manifest until ``ready()`` gives something; SwarmStalled when the
+        node's manifest did not change for the stall time."""
+        stall = self._stall
+        loop = asyncio.get_running_loop()
+        moved = loop.time()
+        while True:
+            found = ready()
+            if found is not None:
+                return found
+            if loop.time() - moved > stall:
+                raise SwarmStalled(f"{self!r}: no {what} for {stall:g} s")
+            await asyncio.sleep(_POLL)
+            answer = await self._ask(self.api, self.key)
+            if answer is not None and answer.node == self.node and answer.manifest is not None:
+                if answer.manifest != self.manifest:
+                    moved = loop.time()
+                self.manifest = answer.manifest
+
+    async def offer(self, name: str) -> FileOffer:
+        def ready() -> FileOffer | None:
+            return self.manifest.file(name) if self.manifest else None
+
+        found: FileOffer = await self._wait(ready, f"file {name}")
+        return found
+
+    async def torrent(self, name: str) -> bytes:
+        def ready() -> bytes | None:
+            offer = self.manifest.file(name) if self.manifest else None
+            return offer.torrent if offer else None
+
+        found: bytes = await self._wait(ready, f"torrent of {name}")
+        return found
+
+
+def known_torrent(follow: Follower | None, name: str, size: int, etag: Any) -> bytes | None:
+    """The followed node's torrent of file ``name`` when it describes the same version
+    (size and a strong ETag): the bytes the cache holds are then the torrent's, whether
+    they came from the swarm (checked piece by piece) or from the origin."""
+    offer = follow.manifest.file(name) if follow is not None and follow.manifest else None
+    if offer is None or offer.torrent is None or etag is None:
+        return None
+    return offer.torrent if (offer.size, offer.etag) == (size, etag) else None
+
+
+def leads(answer: Answer) -> bool:
+    """Whether ``answer``'s node holds the model or pulls it from the origin."""
+    return answer.manifest is not None and answer.manifest.state != "following"
