@@ -327,7 +327,8 @@ DAEMON: tuple[Setting, ...] = (
     _daemon("swarm_port", "port the swarm listens on (default 6881)", types=(int,)),
     _daemon(
         "swarm_wait",
-        "seconds a download waits for the peers' answers (default 2)",
+        "seconds a download waits for the peers' answers, up to 5 times while a listed peer "
+        "is silent and nobody has the model (default 2)",
         types=_NUMBER,
     ),
     _daemon(
