@@ -79,3 +79,19 @@ def test_the_loader_loads_no_remote_store() -> None:
 def test_the_loader_loads_no_cache_hub_or_ranks() -> None:
     loaded = _loaded_after("from aioloader import load_model")
     assert not _within(loaded, _LATER)
+
+
+def test_a_local_load_without_group_imports_no_cache_hub_or_exchange(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A whole load of a local file, not only the import: Solo reads everything, so the
+    exchange, the agreement and the group's strategy stay out, as do the cache and the Hub."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.arange(64, dtype=np.float32)}, str(path))
+    loaded = _loaded_after(
+        "import asyncio, aioloader\n"
+        f"asyncio.run(aioloader.load_model({str(path)!r}, framework='numpy', cache_dir=False))"
+    )
+    later = (*_LATER, "aioloader.ranks_group")
+    assert [m for m in _within(loaded, later) if m != "aioloader.ranks"] == []

@@ -61,13 +61,33 @@ async def stream_all(
     return first
 
 
+def import_for_load(target: str | list[str]) -> None:
+    """Import what a host load of ``target`` runs: the API, the pipeline, the host
+    device, the Solo strategy and the backend of ``target``'s scheme."""
+    import importlib
+
+    import aioloader
+    from aioloader.sources.auto import scheme_of
+    from aioloader.sources.schemes import scheme_named
+
+    aioloader.Loader  # noqa: B018 - the lazy attribute imports aioloader.api
+    for module in ("pipeline", "devices.cpu", "ranks", "stream"):
+        importlib.import_module(f"aioloader.{module}")
+    first = target if isinstance(target, str) else target[0]
+    row = scheme_named(scheme_of(first))
+    if row is not None:
+        importlib.import_module(f"aioloader.sources.{row.module}")
+
+
 def aioloader_load(target: str | list[str]) -> Prepared:
     """``aioloader.load_model(target)``: a path or URL, or a list of files.
 
     The package is imported here, before the clock, as every other tool's is:
-    the worker times this preparation apart (``prepare_seconds``).
+    the worker times this preparation apart (``prepare_seconds``). ``import
+    aioloader`` loads its public names when first used, so the modules a load of
+    ``target`` runs are imported here too.
     """
-    import aioloader  # noqa: F401
+    import_for_load(target)
 
     run = event_loop_runner()
 

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from ..scenarios import CACHE_FILL, CACHE_TOOLS
-from .base import Loaded, Prepared, event_loop_runner, stream_all, tensor_bytes
+from .base import (
+    Loaded,
+    Prepared,
+    event_loop_runner,
+    import_for_load,
+    stream_all,
+    tensor_bytes,
+)
 from .remote import RemoteJob
 
 
 def _cache_load(job: RemoteJob, cache_dir: Path | None) -> Prepared:
     """``load_model(index URL, cache_dir=...)``: through the cache in ``cache_dir``, or none."""
     import aioloader
+
+    import_for_load(job.target)
+    importlib.import_module("aioloader.cache.caching_source")
 
     run = event_loop_runner()
     cache = aioloader.ModelCache(cache_dir) if cache_dir is not None else None
@@ -34,6 +45,7 @@ def _cache_fill(job: RemoteJob, cache_dir: Path | None) -> Prepared:
 
     if cache_dir is None:
         raise RuntimeError(f"{CACHE_FILL} needs a cache folder (--cache-dir)")
+    import_for_load(job.target)
     run = event_loop_runner()
     cache = aioloader.ModelCache(cache_dir)
 
