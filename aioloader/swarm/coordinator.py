@@ -28,7 +28,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,10 +37,12 @@ from ..errors import LoaderError
 from ..redact import redacting_logger
 from ..sources.base import Source
 from ..threads import Lane, run_blocking
+from .follower import Answer, Follower
+from .held import Held, HeldFile
 from .manifest import FileOffer, Manifest, ManifestError, State, file_name, model_key, parse
 from .peers import PeerAddress, resolve
 from .rendezvous import ranked
-from .session import Swarm, SwarmError, SwarmStalled
+from .session import Swarm, SwarmError
 from .source import Reads, SwarmSource
 from .torrents import describe, info_hash, make_torrent
 
@@ -48,74 +50,9 @@ __all__ = ["Coordinator", "Follower"]
 
 logger = redacting_logger(__name__)
 
-_POLL = 0.25  # seconds between looks at a followed node's manifest
 SETTLE = 5  # times ``wait``: how long silent peers are asked again before ranking
 _MAX_ANSWER = 64 << 20
-
-
-@dataclass
-class Answer:
-    """A peer that answered: its API address, node id and manifest of the model (if any)."""
-
-    api: str
-    node: str
-    manifest: Manifest | None
-
-
-class Follower:
-    """The node a fetch follows: its manifest, polled while this node waits for it."""
-
-    def __init__(self, coordinator: Coordinator, answer: Answer, key: str) -> None:
-        self.c = coordinator
-        self.api = answer.api
-        self.node = answer.node
-        self.key = key
-        self.manifest = answer.manifest
-        self.others: list[str] = []  # other nodes' swarm addresses, to trade pieces with
-
-    def __repr__(self) -> str:
-        return f"<Follow {self.node[:8]} at {self.api}>"
-
-    def swarm_peers(self) -> list[tuple[str, int]]:
-        found = []
-        for text in ([self.manifest.swarm] if self.manifest else []) + self.others:
-            host, _, port = text.rpartition(":")
-            found.append((host.strip("[]"), int(port)))
-        return found
-
-    async def _wait(self, ready: Callable[[], Any], what: str) -> Any:
-        """Poll the manifest until ``ready()`` gives something; SwarmStalled when the
-        node's manifest did not change for the stall time."""
-        stall = self.c.swarm.stall
-        loop = asyncio.get_running_loop()
-        moved = loop.time()
-        while True:
-            found = ready()
-            if found is not None:
-                return found
-            if loop.time() - moved > stall:
-                raise SwarmStalled(f"{self!r}: no {what} for {stall:g} s")
-            await asyncio.sleep(_POLL)
-            answer = await self.c.ask(self.api, self.key)
-            if answer is not None and answer.node == self.node and answer.manifest is not None:
-                if answer.manifest != self.manifest:
-                    moved = loop.time()
-                self.manifest = answer.manifest
-
-    async def offer(self, name: str) -> FileOffer:
-        def ready() -> FileOffer | None:
-            return self.manifest.file(name) if self.manifest else None
-
-        found: FileOffer = await self._wait(ready, f"file {name}")
-        return found
-
-    async def torrent(self, name: str) -> bytes:
-        def ready() -> bytes | None:
-            offer = self.manifest.file(name) if self.manifest else None
-            return offer.torrent if offer else None
-
-        found: bytes = await self._wait(ready, f"torrent of {name}")
-        return found
+HELD_CHECK = 5.0  # seconds between looks at the seeded files, for other processes' removals
 
 
 class Coordinator:
@@ -150,7 +87,11 @@ class Coordinator:
         self.advertised = advertised
         self.manifests: dict[str, Manifest] = {}
         self.reads: dict[str, Reads] = {}
+        self.held = Held()
+        self._fetching: set[str] = set()
         self._lane = Lane("resolve", 1)
+        self._looks = Lane("held", 1)  # stat calls, never behind a torrent being made
+        self._watch: asyncio.Task[None] | None = None
         self._client: Any = None
         self._apis: list[str] = []
 
@@ -162,14 +103,56 @@ class Coordinator:
 
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._client = aiohttp.ClientSession(headers=headers)
+        self._watch = asyncio.get_running_loop().create_task(
+            self._watching(), name="aioloader swarm held files"
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         try:
+            if self._watch is not None:
+                self._watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._watch
             if self._client is not None:
                 await self._client.close()
         finally:
             self._lane.close()
+            self._looks.close()
+
+    # -- files that leave the cache while seeded ------------------------------------------
+
+    async def _watching(self) -> None:
+        while True:
+            await asyncio.sleep(HELD_CHECK)
+            try:
+                await self.check_held()
+            except (OSError, LoaderError) as exc:  # the disk misbehaves: say so, go on
+                logger.warning("checking the seeded files failed: %s", exc)
+
+    async def check_held(self) -> None:
+        """Stop offering the files that left the cache (evicted, deleted, replaced): their
+        torrents leave the session; a model no longer whole here, and not being fetched,
+        leaves the manifests with every torrent of it."""
+        for gone in await run_blocking(self._looks, self.held.gone):
+            await self._unoffer(gone)
+
+    async def _unoffer(self, gone: HeldFile) -> None:
+        await self.swarm.remove(gone.info_hash)
+        manifest = self.manifests.get(gone.key)
+        logger.info("%s left the cache: no longer offered to peers", gone.path)
+        if manifest is None:
+            return
+        if gone.key in self._fetching:
+            self.manifests[gone.key] = manifest.without(gone.name)
+        else:
+            await self._withdraw(gone.key)
+
+    async def _withdraw(self, key: str) -> None:
+        """Offer nothing of the model ``key`` any more."""
+        self.manifests.pop(key, None)
+        for held in self.held.drop(key):
+            await self.swarm.remove(held.info_hash)
 
     async def _peers(self) -> list[str]:
         """Every peer API address, resolved now; the swarm's filter follows."""
@@ -242,6 +225,10 @@ class Coordinator:
         except (OSError, LoaderError) as exc:
             logger.warning("%s: not offered to peers: %s", url, exc)
             return
+        key_of = info_hash(torrent)
+        old = await run_blocking(self._looks, lambda: self.held.add(key, name, key_of, data))
+        if old is not None:
+            await self.swarm.remove(old.info_hash)  # a new version of the file
         offer = FileOffer(name, url, size, etag, modified, size, torrent)
         self.manifests[key] = self.manifests[key].with_file(offer)
         logger.info("offering %s to peers (%s)", name, info_hash(torrent)[:12])
@@ -252,6 +239,20 @@ class Coordinator:
         """``fetch(url, source=..., on_file=..., **kwargs)`` (a ModelCache's) through the
         swarm; returns its CachedModel."""
         key = model_key(url)
+        self._fetching.add(key)
+        try:
+            return await self._fetch(key, url, fetch, **kwargs)
+        except BaseException:
+            manifest = self.manifests.get(key)
+            if manifest is not None and manifest.state != "complete":
+                await asyncio.shield(self._withdraw(key))  # nobody waits for a dead fetch
+            raise
+        finally:
+            self._fetching.discard(key)
+
+    async def _fetch(
+        self, key: str, url: str, fetch: Callable[..., Awaitable[Any]], **kwargs: Any
+    ) -> Any:
         reads = self.reads.setdefault(key, Reads())  # over every try of the model
         self.manifests.setdefault(key, Manifest(key, url, self.node, self.advertised))
         answers = await self._survey(key)

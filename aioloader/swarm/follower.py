@@ -1,0 +1,85 @@
+"""The node a fetch follows (``Follower``): its manifest, polled while a fetch waits for
+the files it will offer (coordinator.py). A node that stops offering the model, or
+whose manifest does not move for the stall time, is a ``SwarmError``: the fetch drops
+it and turns elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .manifest import FileOffer, Manifest
+from .session import SwarmError, SwarmStalled
+
+__all__ = ["Answer", "Follower"]
+
+_POLL = 0.25  # seconds between looks at a followed node's manifest
+
+
+@dataclass
+class Answer:
+    """A peer that answered: its API address, node id and manifest of the model (if any)."""
+
+    api: str
+    node: str
+    manifest: Manifest | None
+
+
+class Follower:
+    """The node a fetch follows: its manifest, polled while this node waits for it."""
+
+    def __init__(self, coordinator: Any, answer: Answer, key: str) -> None:
+        self.c = coordinator
+        self.api = answer.api
+        self.node = answer.node
+        self.key = key
+        self.manifest = answer.manifest
+        self.others: list[str] = []  # other nodes' swarm addresses, to trade pieces with
+
+    def __repr__(self) -> str:
+        return f"<Follow {self.node[:8]} at {self.api}>"
+
+    def swarm_peers(self) -> list[tuple[str, int]]:
+        found = []
+        for text in ([self.manifest.swarm] if self.manifest else []) + self.others:
+            host, _, port = text.rpartition(":")
+            found.append((host.strip("[]"), int(port)))
+        return found
+
+    async def _wait(self, ready: Callable[[], Any], what: str) -> Any:
+        """Poll the manifest until ``ready()`` gives something; SwarmStalled when the
+        node's manifest did not change for the stall time."""
+        stall = self.c.swarm.stall
+        loop = asyncio.get_running_loop()
+        moved = loop.time()
+        while True:
+            found = ready()
+            if found is not None:
+                return found
+            if loop.time() - moved > stall:
+                raise SwarmStalled(f"{self!r}: no {what} for {stall:g} s")
+            await asyncio.sleep(_POLL)
+            answer = await self.c.ask(self.api, self.key)
+            if answer is not None and answer.node == self.node and answer.manifest is None:
+                raise SwarmError(f"{self!r} no longer offers the model")
+            if answer is not None and answer.node == self.node and answer.manifest is not None:
+                if answer.manifest != self.manifest:
+                    moved = loop.time()
+                self.manifest = answer.manifest
+
+    async def offer(self, name: str) -> FileOffer:
+        def ready() -> FileOffer | None:
+            return self.manifest.file(name) if self.manifest else None
+
+        found: FileOffer = await self._wait(ready, f"file {name}")
+        return found
+
+    async def torrent(self, name: str) -> bytes:
+        def ready() -> bytes | None:
+            offer = self.manifest.file(name) if self.manifest else None
+            return offer.torrent if offer else None
+
+        found: bytes = await self._wait(ready, f"torrent of {name}")
+        return found
