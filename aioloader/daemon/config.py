@@ -125,9 +125,9 @@ class DaemonConfig:
         check_number("grace period", self.grace_period, maximum=MAX_SECONDS)
         check_number("max connections", self.max_connections, integer=True, positive=True)
         check_number("client timeout", self.client_timeout, positive=True, maximum=MAX_SECONDS)
-        check_number("swarm port", self.swarm_port, integer=True, maximum=65535)
-        check_number("swarm wait", self.swarm_wait, positive=True, maximum=MAX_SECONDS)
-        check_number("swarm stall", self.swarm_stall, positive=True, maximum=MAX_SECONDS)
+        check_number(_shown("swarm_port"), self.swarm_port, integer=True, maximum=65535)
+        check_number(_shown("swarm_wait"), self.swarm_wait, positive=True, maximum=MAX_SECONDS)
+        check_number(_shown("swarm_stall"), self.swarm_stall, positive=True, maximum=MAX_SECONDS)
         parse_peers(self.peers, "peers")
         if self.max_cache_bytes is not None:
             check_number("max cache bytes", self.max_cache_bytes, integer=True, positive=True)
@@ -174,6 +174,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # A row's types say which of its texts are numbers, and which kind.
 _NUMBERS: dict[tuple[type, ...], type[int] | type[float]] = {(int,): int, (int, float): float}
+
+
+def _shown(name: str) -> str:
+    """A swarm setting as its errors name it: with its flag and its variable."""
+    return f"{name.replace('_', ' ')} (--{name.replace('_', '-')} / AIOLOADER_{name.upper()})"
 
 
 def _number(value: str | None, kind: type[int] | type[float], what: str) -> int | float | None:
@@ -255,7 +260,11 @@ def config_from_args(
     bandwidth, max_bytes = text["max_bandwidth"], text["max_cache_bytes"]
     home = os.environ if environ is None else environ
     numbers = {
-        row.name: _number(text[row.name], kind, row.name.replace("_", " "))
+        row.name: _number(
+            text[row.name],
+            kind,
+            _shown(row.name) if row.name.startswith("swarm_") else row.name.replace("_", " "),
+        )
         for row in DAEMON
         if (kind := _NUMBERS.get(row.types))
     }

@@ -3,7 +3,10 @@
 Without peers nothing happens here and libtorrent is never imported. With peers,
 libtorrent must be installed (``aioloader[swarm]``) or the daemon does not start;
 the session listens on ``--swarm-host`` (default ``--host``) at ``--swarm-port``,
-and every download asks the peers first (swarm/coordinator.py).
+and every download asks the peers first (swarm/coordinator.py). Swarm downloads
+land in this daemon's own scratch folder in the cache (swarm/scratch.py): another
+daemon on the same cache folder keeps its own, and what a crashed run left there
+is removed at start.
 """
 
 from __future__ import annotations
@@ -31,12 +34,27 @@ async def sharing(config: DaemonConfig, cache_root: Any) -> AsyncIterator[Any]:
         libtorrent()
     except ConfigError as exc:
         raise StartupError(str(exc)) from None
+    from ..swarm.scratch import Scratch
+    from ..threads import Lane, run_blocking
+
+    host = config.swarm_host or config.host
+    node = secrets.token_hex(16)
+    scratch = Scratch(cache_root / ".swarm" / "incoming", node)
+    with Lane("scratch", 1) as lane:
+        folder = await run_blocking(lane, scratch.open)
+        try:
+            async with _swarm(config, host, node, folder) as coordinator:
+                yield coordinator
+        finally:
+            await run_blocking(lane, scratch.close)
+
+
+@contextlib.asynccontextmanager
+async def _swarm(config: DaemonConfig, host: str, node: str, folder: Any) -> AsyncIterator[Any]:
     from ..swarm.coordinator import Coordinator
     from ..swarm.peers import parse_peers
     from ..swarm.session import Swarm
 
-    host = config.swarm_host or config.host
-    node = secrets.token_hex(16)
     async with Swarm(host, config.swarm_port, stall=config.swarm_stall) as swarm:
         shown = f"[{host}]:{swarm.port}" if ":" in host else f"{host}:{swarm.port}"
         async with Coordinator(
@@ -45,7 +63,7 @@ async def sharing(config: DaemonConfig, cache_root: Any) -> AsyncIterator[Any]:
             node,
             config.token,
             config.swarm_wait,
-            cache_root / ".swarm" / "incoming",
+            folder,
             shown,
         ) as coordinator:
             yield coordinator

@@ -1,12 +1,13 @@
 """The routes peer daemons ask (behind the token, like every ``/v1/*`` route)::
 
-    GET /v1/swarm/node          {"node": <id>, "swarm": "ip:port"}
+    GET /v1/swarm/node          {"node": <id>, "swarm": "ip:port", "seeding": <files>}
     GET /v1/swarm/models/{key}  the model's manifest (swarm/manifest.py), or 404
                                 {"error": "not_held", "node": <id>, "swarm": "ip:port"}
 
 Without peers configured both answer 404 ``no_swarm``. A manifest never shows a
 URL's credentials; its ``swarm`` address is this node's as the asking peer reached it
-when the swarm listens on every interface.
+when the swarm listens on every interface. Both look at the seeded files first (a
+``stat`` each, in a thread): a file that left the cache is never offered.
 """
 
 from __future__ import annotations
@@ -46,12 +47,15 @@ def add_swarm_routes(app: web.Application, coordinator: Callable[[], Any]) -> No
             if held is None:
                 detail = "this daemon shares no models: start it with --peers"
                 return _refusal(404, "no_swarm", detail)
+            await held.check_held()
             return await handler(request, held)
 
         return handle
 
     async def node(request: web.Request, held: Any) -> web.Response:
-        return web.json_response({"node": held.node, "swarm": _advertised(request, held)})
+        seeding = len(held.held)
+        doc = {"node": held.node, "swarm": _advertised(request, held), "seeding": seeding}
+        return web.json_response(doc)
 
     async def model(request: web.Request, held: Any) -> web.Response:
         key = request.match_info["key"]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .digests import Digest
 
 __all__ = ["Blob", "CacheOutcome", "ForwardingBlob", "Source", "aclose_all", "clip"]
 
@@ -132,6 +135,20 @@ class Source(ABC):
         e.g. S3's ``x-amz-checksum-sha256``, and the headers that say whether its ETag
         is a digest (S3's ``x-amz-server-side-encryption``); empty where it has none."""
         return {}
+
+    async def publisher_digest(self, url: str) -> Digest | None:
+        """The digest of the whole file its publisher gives, to check a copy of it that
+        came another way (the swarm, swarm/source.py); None where there is none.
+
+        Here: S3's full-object checksum among ``object_checksums`` (a HEAD, no body),
+        where the store answers one; a source whose listing gives one (the Hub's LFS
+        sha256) says so itself."""
+        checksums = await self.object_checksums(url)
+        if not checksums:
+            return None
+        from .digests import s3_digest
+
+        return s3_digest(checksums)
 
     def join(self, base: str, name: str) -> str:
         """The URL of ``name`` inside the folder ``base`` (here: ``/``-separated URLs)."""

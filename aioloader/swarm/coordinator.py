@@ -38,6 +38,7 @@ from ..redact import redacting_logger
 from ..sources.base import Source
 from ..threads import Lane, run_blocking
 from .follower import Answer, Follower, known_torrent, leads
+from .held import Held, HeldFile
 from .manifest import (
     FileOffer,
     Manifest,
@@ -58,9 +59,9 @@ __all__ = ["Coordinator", "Follower"]
 
 logger = redacting_logger(__name__)
 
-_POLL = 0.25  # seconds between looks at a followed node's manifest
 SETTLE = 5  # times ``wait``: how long silent peers are asked again before ranking
 _MAX_ANSWER = 64 << 20
+HELD_CHECK = 5.0  # seconds between looks at the seeded files, for other processes' removals
 
 
 class Coordinator:
@@ -95,7 +96,11 @@ class Coordinator:
         self.advertised = advertised
         self.manifests: dict[str, Manifest] = {}
         self.reads: dict[str, Reads] = {}
+        self.held = Held()
+        self._fetching: set[str] = set()
         self._lane = Lane("resolve", 1)
+        self._looks = Lane("held", 1)  # stat calls, never behind a torrent being made
+        self._watch: asyncio.Task[None] | None = None
         self._client: Any = None
         self._apis: list[str] = []
 
@@ -107,14 +112,56 @@ class Coordinator:
 
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._client = aiohttp.ClientSession(headers=headers)
+        self._watch = asyncio.get_running_loop().create_task(
+            self._watching(), name="aioloader swarm held files"
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         try:
+            if self._watch is not None:
+                self._watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._watch
             if self._client is not None:
                 await self._client.close()
         finally:
             self._lane.close()
+            self._looks.close()
+
+    # -- files that leave the cache while seeded ------------------------------------------
+
+    async def _watching(self) -> None:
+        while True:
+            await asyncio.sleep(HELD_CHECK)
+            try:
+                await self.check_held()
+            except (OSError, LoaderError) as exc:  # the disk misbehaves: say so, go on
+                logger.warning("checking the seeded files failed: %s", exc)
+
+    async def check_held(self) -> None:
+        """Stop offering the files that left the cache (evicted, deleted, replaced): their
+        torrents leave the session; a model no longer whole here, and not being fetched,
+        leaves the manifests with every torrent of it."""
+        for gone in await run_blocking(self._looks, self.held.gone):
+            await self._unoffer(gone)
+
+    async def _unoffer(self, gone: HeldFile) -> None:
+        await self.swarm.remove(gone.info_hash)
+        manifest = self.manifests.get(gone.key)
+        logger.info("%s left the cache: no longer offered to peers", gone.path)
+        if manifest is None:
+            return
+        if gone.key in self._fetching:
+            self.manifests[gone.key] = manifest.without(gone.name)
+        else:
+            await self._withdraw(gone.key)
+
+    async def _withdraw(self, key: str) -> None:
+        """Offer nothing of the model ``key`` any more."""
+        self.manifests.pop(key, None)
+        for held in self.held.drop(key):
+            await self.swarm.remove(held.info_hash)
 
     async def _peers(self) -> list[str]:
         """Every peer API address, resolved now; the swarm's filter follows."""
@@ -207,6 +254,10 @@ class Coordinator:
         except (OSError, LoaderError) as exc:
             logger.warning("%s: not offered to peers: %s", url, exc)
             return
+        key_of = info_hash(torrent)
+        old = await run_blocking(self._looks, lambda: self.held.add(key, name, key_of, data))
+        if old is not None:
+            await self.swarm.remove(old.info_hash)  # a new version of the file
         offer = FileOffer(name, url, size, etag, modified, size, torrent)
         self.manifests[key] = self.manifests[key].with_file(offer)
         logger.info("offering %s to peers (%s)", name, info_hash(torrent)[:12])
@@ -217,6 +268,20 @@ class Coordinator:
         """``fetch(url, source=..., on_file=..., **kwargs)`` (a ModelCache's) through the
         swarm; returns its CachedModel."""
         key = model_key(url)
+        self._fetching.add(key)
+        try:
+            return await self._fetch(key, url, fetch, **kwargs)
+        except BaseException:
+            manifest = self.manifests.get(key)
+            if manifest is not None and manifest.state != "complete":
+                await asyncio.shield(self._withdraw(key))  # nobody waits for a dead fetch
+            raise
+        finally:
+            self._fetching.discard(key)
+
+    async def _fetch(
+        self, key: str, url: str, fetch: Callable[..., Awaitable[Any]], **kwargs: Any
+    ) -> Any:
         reads = self.reads.setdefault(key, Reads())  # over every try of the model
         self.manifests.setdefault(key, Manifest(key, url, self.node, self.advertised))
         answers = await self._survey(key)

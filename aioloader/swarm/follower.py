@@ -1,5 +1,7 @@
 """The node a fetch follows (coordinator.py): what it answered, and its manifest, polled
-while this node waits for a file or a torrent."""
+while this node waits for a file or a torrent. A node that stops offering the model, or
+whose manifest does not move for the stall time, is a ``SwarmError``: the fetch drops it
+and turns elsewhere."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .manifest import FileOffer, Manifest
-from .session import SwarmStalled
+from .session import SwarmError, SwarmStalled
 
 __all__ = ["Answer", "Follower", "known_torrent", "leads"]
 
@@ -68,6 +70,8 @@ class Follower:
                 raise SwarmStalled(f"{self!r}: no {what} for {stall:g} s")
             await asyncio.sleep(_POLL)
             answer = await self._ask(self.api, self.key)
+            if answer is not None and answer.node == self.node and answer.manifest is None:
+                raise SwarmError(f"{self!r} no longer offers the model")
             if answer is not None and answer.node == self.node and answer.manifest is not None:
                 if answer.manifest != self.manifest:
                     moved = loop.time()

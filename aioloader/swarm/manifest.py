@@ -118,6 +118,11 @@ class Manifest:
     def file(self, name: str) -> FileOffer | None:
         return next((f for f in self.files if f.name == name), None)
 
+    def without(self, name: str) -> Manifest:
+        files = tuple(f for f in self.files if f.name != name)
+        state: State = "following" if self.state == "complete" else self.state
+        return replace(self, files=files, state=state)
+
     def with_file(self, offer: FileOffer) -> Manifest:
         files = [f for f in self.files if f.name != offer.name]
         return replace(self, files=(*files, offer))

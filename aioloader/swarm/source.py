@@ -5,9 +5,15 @@ in its own manifest, so that its followers see the files' sizes and versions at 
 A node that follows another reads each file from the swarm: it waits (bounded) for
 the file's torrent in the followed node's manifest, downloads it into a scratch
 folder ``<cache>/.swarm/incoming/<info hash>/`` and hands out byte ranges as their
-pieces arrive, checked by libtorrent. The cache writes them into its entry and checks
-them there (its checksum, and the digest the origin publishes: ``object_checksums``
-is the origin's). The scratch copy goes once the entry is committed.
+pieces arrive, checked by libtorrent. A piece hash only says the bytes are the
+followed node's: where the origin publishes a digest of the file (the Hub's LFS
+sha256 or git blob id, S3's full-object checksum: ``Source.publisher_digest``), the
+whole scratch copy is hashed and compared before its first byte is handed out, and
+a copy that differs is a ``DigestMismatchError``: nothing of it reaches the cache,
+and the coordinator turns to another node or to the origin. The cache then writes
+the bytes into its entry and checks them there as for any download (its checksum,
+the ETag or checksum ``object_checksums`` of the origin gives). The scratch copy
+goes once the entry is committed.
 
 Every byte is counted as from the origin or from the peers (``Reads``).
 """
@@ -23,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..errors import DigestMismatchError
 from ..sources.base import Blob, ForwardingBlob, Source
+from ..sources.digests import Digest
 from ..threads import run_blocking
 from .manifest import FileOffer, file_name
 from .session import Download, Swarm
@@ -70,8 +78,11 @@ class _OriginBlob(ForwardingBlob):
 class _SwarmBlob(Blob):
     """One file of a followed node, read from its torrent as pieces arrive."""
 
-    def __init__(self, source: SwarmSource, url: str, offer: FileOffer) -> None:
+    def __init__(
+        self, source: SwarmSource, url: str, offer: FileOffer, digest: Digest | None
+    ) -> None:
         self.source = source
+        self.digest = digest
         self.url = url
         self.name = offer.name
         self.size = offer.size
@@ -79,34 +90,65 @@ class _SwarmBlob(Blob):
         self.last_modified = offer.last_modified
         self._download: Download | None = None
         self._fd: int | None = None
-        # The cache reads a file in many ranges at once: one of them starts the download,
-        # the others wait for it (a second download of the torrent would replace the
-        # first in the session, and the first's handle would die under its readers).
-        self._starting = asyncio.Lock()
+        self._checked = False
+        self._turn = asyncio.Lock()
 
     async def _ready(self) -> Download:
-        if self._download is not None:
-            return self._download
-        async with self._starting:
-            return await self._start()
+        """The download, whole on disk and checked against the publisher's digest."""
+        async with self._turn:
+            if self._download is None:
+                follow, swarm = self.source.follow, self.source.swarm
+                assert follow is not None
+                torrent = await follow.torrent(self.name)
+                from .torrents import info_hash
 
-    async def _start(self) -> Download:
-        if self._download is None:
-            follow, swarm = self.source.follow, self.source.swarm
-            assert follow is not None
-            torrent = await follow.torrent(self.name)
-            from .torrents import info_hash
-
-            folder = self.source.scratch / info_hash(torrent)
-            download = await swarm.download(torrent, folder, follow.swarm_peers())
-            self._fd = await run_blocking(self.source.lane, lambda: _open_when_made(download))
-            self._download = download  # last: a reader that sees it finds the file open
+                folder = self.source.scratch / info_hash(torrent)
+                self._download = await swarm.download(torrent, folder, follow.swarm_peers())
+                self._fd = await run_blocking(
+                    self.source.lane, lambda: _open_when_made(self._download)
+                )
+            if not self._checked:
+                await self._download.wait_range(0, self.size)  # the whole file, flushed
+                if self.digest is not None:
+                    await self._check(self.digest)
+                self._checked = True
         return self._download
+
+    async def _check(self, digest: Digest) -> None:
+        running = digest.running()
+        if running is None:  # a CRC whose library is missing: the cache's checks remain
+            return
+        fd, size = self._fd, self.size
+        assert fd is not None
+
+        def hashed() -> str:
+            buffer = bytearray(_BLOCK)
+            at = 0
+            while at < size:
+                n = os.preadv(fd, [memoryview(buffer)[: min(_BLOCK, size - at)]], at)
+                if n <= 0:
+                    raise OSError(f"short read of the swarm's copy at {at}")
+                running.update(memoryview(buffer)[:n])
+                at += n
+            return running.result()
+
+        actual = await run_blocking(self.source.lane, hashed)
+        if actual != digest.value:
+            follow = self.source.follow
+            raise DigestMismatchError(
+                f"{self.url}: the copy from {follow!r} does not match the "
+                f"{digest.algorithm} {digest.where}: expected {digest.value}, got {actual}. "
+                "It is refused before a byte of it reaches the cache; the file comes from "
+                "another node or from the origin",
+                url=self.url,
+                algorithm=digest.algorithm,
+                expected=digest.value,
+                actual=actual,
+            )
 
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
         download = await self._ready()
         length = sum(b.nbytes for b in buffers)
-        await download.wait_range(offset, offset + length)
         fd = self._fd
         assert fd is not None
 
@@ -139,6 +181,9 @@ class _SwarmBlob(Blob):
             await download.aclose()
             folder = download.path.parent
             await run_blocking(self.source.lane, lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+_BLOCK = 8 << 20  # bytes hashed at a time
 
 
 def _open_when_made(download: Download | None) -> int:
@@ -190,13 +235,16 @@ class SwarmSource(Source):
         name = file_name(url)
         if self.follow is not None:
             offer = await self.follow.offer(name)
-            return _SwarmBlob(self, url, offer)
+            return _SwarmBlob(self, url, offer, await self.origin.publisher_digest(url))
         blob = await self.origin.open(url)
         self.noted(FileOffer(name, url, blob.size, blob.etag, blob.last_modified))
         return _OriginBlob(blob, self.reads)
 
     async def object_checksums(self, url: str) -> dict[str, str]:
         return await self.origin.object_checksums(url)
+
+    async def publisher_digest(self, url: str) -> Digest | None:
+        return await self.origin.publisher_digest(url)
 
     def join(self, base: str, name: str) -> str:
         return self.origin.join(base, name)

@@ -32,7 +32,7 @@ from ...redact import redacting_logger
 from ...threads import Lanes, run_in
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
-from ..digests import hub_digest
+from ..digests import Digest, hub_digest
 from ..file import FileSource
 from ..http.store import HttpStore
 from ..verifying import verifying
@@ -272,6 +272,17 @@ class HfSource(Source):
         digest = hub_digest(snapshot.ids.get(location.path, ""), size, where)
         blob = verifying(blob, digest, self._lanes.digest)
         return HfFile(blob, False, location.path, snapshot, settings)
+
+    async def publisher_digest(self, url: str) -> Digest | None:
+        """The blob id the Hub lists for ``url`` at its commit (the LFS sha256 of a weight
+        file, the git blob sha1 of a small one): from the listing, no file bytes."""
+        location = parse_hf_url(url)
+        snapshot = await self._snapshot(location)
+        if location.path not in snapshot.files:
+            return None
+        where = f"{location.path!r} in {snapshot.describe()}"
+        size = snapshot.size_of(location.path)
+        return hub_digest(snapshot.ids.get(location.path, ""), size, where)
 
     def join(self, base: str, name: str) -> str:
         # Files named after a listing are read at the commit the listing saw.
