@@ -38,8 +38,7 @@ SCHEME_EXTRAS: dict[str, dict[str, str]] = {
     "gs": {"gcs": "gcs"},
     "hf": {"hf": "hf"},
 }
-# The swarm's settings (AIOLOADER_PEERS, AIOLOADER_SWARM_PORT) are daemon rows too.
-DAEMON_VARIABLES = {row.variable for row in DAEMON} | {"AIOLOADER_PEERS", "AIOLOADER_SWARM_PORT"}
+DAEMON_VARIABLES = {row.variable for row in DAEMON}
 
 
 def _load(path: Path) -> dict[str, Any]:
