@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from aiohttp import web
 pytest.importorskip("libtorrent")
 
 from aioloader.swarm.coordinator import Coordinator
+from aioloader.swarm.follower import Answer
 from aioloader.swarm.manifest import FileOffer, Manifest, model_key
 from aioloader.swarm.torrents import make_torrent
 
@@ -33,14 +35,38 @@ async def _serve(body: bytes, pieces: int) -> tuple[web.AppRunner, str]:
         await response.write_eof()
         return response
 
+    return await _peer(manifest)
+
+
+async def _peer(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> tuple[web.AppRunner, str]:
+    """A peer's manifest route answered by ``handler``, on 127.0.0.1."""
     app = web.Application()
-    app.router.add_get("/v1/swarm/models/{key}", manifest)
+    app.router.add_get("/v1/swarm/models/{key}", handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, f"127.0.0.1:{port}"
+
+
+async def _ask(api: str, runner: web.AppRunner, scratch: Path) -> Answer | None:
+    """What a coordinator makes of the peer at ``api``'s answer about URL's model."""
+    try:
+        async with Coordinator(
+            None,  # type: ignore[arg-type]  # asking peers needs no session
+            [],
+            "ef" * 16,
+            None,
+            5.0,
+            scratch,
+            "127.0.0.1:1",
+        ) as coordinator:
+            return await coordinator.ask(api, model_key(URL))
+    finally:
+        await runner.cleanup()
 
 
 def _manifest(tmp_path: Path, files: int) -> dict[str, object]:
@@ -60,19 +86,7 @@ async def test_a_manifest_in_many_chunks_is_read_whole(tmp_path: Path, pieces: i
     doc = _manifest(tmp_path, 40)
     body = json.dumps(doc).encode()
     runner, api = await _serve(body, pieces)
-    try:
-        async with Coordinator(
-            None,  # type: ignore[arg-type]  # asking peers needs no session
-            [],
-            "ef" * 16,
-            None,
-            5.0,
-            tmp_path / "scratch",
-            "127.0.0.1:1",
-        ) as coordinator:
-            answer = await coordinator.ask(api, model_key(URL))
-    finally:
-        await runner.cleanup()
+    answer = await _ask(api, runner, tmp_path / "scratch")
     assert answer is not None and answer.manifest is not None
     assert answer.node == NODE
     assert len(answer.manifest.files) == 40
@@ -87,25 +101,7 @@ async def test_a_node_without_the_model_still_gives_its_swarm_address(tmp_path: 
     async def not_held(request: web.Request) -> web.Response:
         return web.Response(body=body, status=404, content_type="application/json")
 
-    app = web.Application()
-    app.router.add_get("/v1/swarm/models/{key}", not_held)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with Coordinator(
-            None,  # type: ignore[arg-type]
-            [],
-            "ef" * 16,
-            None,
-            5.0,
-            tmp_path / "scratch",
-            "127.0.0.1:1",
-        ) as coordinator:
-            answer = await coordinator.ask(f"127.0.0.1:{port}", model_key(URL))
-    finally:
-        await runner.cleanup()
+    runner, api = await _peer(not_held)
+    answer = await _ask(api, runner, tmp_path / "scratch")
     assert answer is not None and answer.manifest is None
     assert answer.node == NODE and answer.swarm == "127.0.0.9:6881"
