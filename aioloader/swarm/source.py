@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..direct_io import fill
 from ..errors import DigestMismatchError
 from ..sources.base import Blob, ForwardingBlob, Source
 from ..sources.digests import Digest
@@ -122,13 +123,15 @@ class _SwarmBlob(Blob):
         assert fd is not None
 
         def hashed() -> str:
-            buffer = bytearray(_BLOCK)
+            view = memoryview(bytearray(_BLOCK))
             at = 0
             while at < size:
-                n = os.preadv(fd, [memoryview(buffer)[: min(_BLOCK, size - at)]], at)
-                if n <= 0:
-                    raise OSError(f"short read of the swarm's copy at {at}")
-                running.update(memoryview(buffer)[:n])
+                n = min(_BLOCK, size - at)
+                try:
+                    fill(fd, view, at, n)
+                except EOFError as end:
+                    raise OSError(f"short read of the swarm's copy at {end.args[0]}") from None
+                running.update(view[:n])
                 at += n
             return running.result()
 
@@ -156,12 +159,10 @@ class _SwarmBlob(Blob):
             at = offset
             for buffer in buffers:
                 view = buffer.cast("B") if buffer.format != "B" else buffer
-                done = 0
-                while done < view.nbytes:
-                    n = os.preadv(fd, [view[done:]], at + done)
-                    if n <= 0:
-                        raise OSError(f"{download.path}: short read at {at + done}")
-                    done += n
+                try:
+                    fill(fd, view, at, view.nbytes)
+                except EOFError as end:
+                    raise OSError(f"{download.path}: short read at {end.args[0]}") from None
                 at += view.nbytes
 
         await run_blocking(self.source.lane, read)
