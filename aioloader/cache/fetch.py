@@ -14,7 +14,6 @@ files included.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from pathlib import Path
@@ -33,6 +32,7 @@ from ..sources.schemes import listed, remote_names
 from ..sources.stores import Stores, locate
 from ..tasks import gather
 from ..threads import run_blocking
+from ..turns import Turns
 from .checksum import DigestMismatch, Published, md5_of_etag
 from .claim import Claim, claim
 from .entry import EntryFiles, Version, cache_error, key_of, version_of
@@ -96,7 +96,7 @@ class Fetcher:
         self.piece = limits.chunk_size
         if pace is not None:
             self.piece = min(self.piece, pace.quantum)  # the source takes from it
-        self.limiter = asyncio.Semaphore(limits.concurrency)
+        self.limiter = Turns(limits.concurrency)  # by (file, offset): files complete in order
         self.meter = meter
         self.free: list[bytearray] = []
 
@@ -105,7 +105,7 @@ class Fetcher:
         blobs: dict[str, Blob] = {}
 
         async def probe(url: str) -> None:
-            async with self.limiter:
+            async with self.limiter.turn((-1, 0)):
                 blobs[url] = await self.source.open(url)
 
         results: dict[str, tuple[int, int]] = {}
@@ -113,10 +113,10 @@ class Fetcher:
             await gather(probe(u) for u in urls)
             self.meter.total = sum(b.size for b in blobs.values())
 
-            async def one(url: str) -> None:
-                results[url] = (blobs[url].size, await self._file(blobs[url]))
+            async def one(place: int, url: str) -> None:
+                results[url] = (blobs[url].size, await self._file(blobs[url], place))
 
-            await gather(one(u) for u in urls)
+            await gather(one(i, u) for i, u in enumerate(urls))
         finally:
             await aclose_all(blobs.values())
         return results
@@ -133,8 +133,9 @@ class Fetcher:
         except OSError as exc:
             raise cache_error(exc, self.cache.root, f"{doing} {url}") from exc
 
-    async def _file(self, blob: Blob) -> int:
-        """Make one file complete; returns the bytes downloaded."""
+    async def _file(self, blob: Blob, place: int) -> int:
+        """Make one file complete (``place``: its turn among the fetch's files); returns
+        the bytes downloaded."""
         cache, url = self.cache, blob.url
         version = version_of(blob)
         files = cache.entry_files(url)
@@ -172,7 +173,7 @@ class Fetcher:
                 missing = split(partial.done.missing(version.size), self.piece)
                 downloaded = sum(end - start for start, end in missing)
                 try:
-                    await gather(self._copy(blob, partial, s, e) for s, e in missing)
+                    await gather(self._copy(blob, partial, (place, s), e) for s, e in missing)
                 except DigestMismatchError:  # refused by its source: keep none of it
                     await self._blocking(partial.files.discard, url, "discarding")
                     raise
@@ -245,8 +246,12 @@ class Fetcher:
         finally:
             use.release()
 
-    async def _copy(self, blob: Blob, partial: PartialFile, start: int, end: int) -> None:
-        async with self.limiter:
+    async def _copy(self, blob: Blob, partial: PartialFile, key: tuple[int, int], end: int) -> None:
+        """Copy bytes ``[start, end)`` of ``blob`` into ``partial``; ``key``: (the
+        file's place, ``start``), the order the read slots go in."""
+        start = key[1]
+        await blob.ready(start, end - start)
+        async with self.limiter.turn(key):
             buffer = self.free.pop() if self.free else bytearray(self.piece)
             try:
                 view = memoryview(buffer)[: end - start]
@@ -299,7 +304,11 @@ async def fetch_model(
             raise cache_error(exc, cache.root, f"linking the files of {urls[0]}") from exc
         await cache.eviction.after_fetch(exclude, executor)
     finally:
-        await stores.aclose()
+        try:
+            if source_hook is not None:
+                await source.aclose()  # the hook's own (the origin is the stores')
+        finally:
+            await stores.aclose()
     downloaded = sum(d for _, d in results.values())
     return CachedModel(
         url=url if isinstance(url, str) else urls[0],

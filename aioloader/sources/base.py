@@ -57,6 +57,11 @@ class Blob(ABC):
         copy. Either every buffer is filled or an error is raised.
         """
 
+    async def ready(self, offset: int, length: int) -> None:  # noqa: B027 - optional hook
+        """Return once a read of the range would not wait for bytes still on their way
+        to this machine (a swarm download): a reader holding one of a few read slots
+        waits here first, so that ranges that came take the slots. Here: at once."""
+
     async def check_unchanged(self) -> None:  # noqa: B027 - optional hook
         """Raise ``ObjectChangedError`` if the file is no longer the version that was
         opened; called after its last read. Here: nothing to check."""
@@ -96,6 +101,9 @@ class ForwardingBlob(Blob):
 
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
         await self.inner.read_into(offset, buffers)
+
+    async def ready(self, offset: int, length: int) -> None:
+        await self.inner.ready(offset, length)
 
     async def check_unchanged(self) -> None:
         await self.inner.check_unchanged()
