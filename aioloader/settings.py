@@ -337,6 +337,12 @@ DAEMON: tuple[Setting, ...] = (
         types=_NUMBER,
     ),
     _daemon(
+        "swarm_rate",
+        "bytes per second the swarm sends at most, and takes, e.g. 100MB/s; peers in the "
+        "cluster included (default 0: no cap)",
+        types=(int, str),
+    ),
+    _daemon(
         "swarm_host",
         "address the swarm listens on (default --host; with 0.0.0.0 the address a peer reached)",
     ),

@@ -54,8 +54,8 @@ def model(origin: Origin) -> Model:
 def make_fleet(tmp_path: Path) -> Iterator[MakeFleet]:
     fleets: list[Fleet] = []
 
-    def make(n: int, swarm: bool = False, **kw: object) -> Fleet:
-        args = SWARM_ARGS if swarm else []
+    def make(n: int, swarm: bool = False, extra: tuple[str, ...] = (), **kw: object) -> Fleet:
+        args = [*(SWARM_ARGS if swarm else []), *extra]  # the last of a flag counts
         fleet = Fleet(n, tmp_path / f"fleet{len(fleets)}", swarm=swarm, args=args, **kw)  # type: ignore[arg-type]
         fleets.append(fleet)
         return fleet
@@ -188,6 +188,23 @@ def test_cold_cluster_reads_about_one_copy_from_the_origin(
 
 
 @needs_swarm
+def test_followers_wait_for_a_leader_slower_than_the_stall_time(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    """The leader pulls each 8 MiB shard for about 4 s (2 MB/s), twice the stall time.
+    Followers used to take a manifest that did not change for the stall time for a dead
+    leader, drop it, and pull the model from the origin themselves."""
+    fleet = make_fleet(3, swarm=True, extra=("--swarm-stall", "2", "--max-bandwidth", "2MB"))
+    fleet.start()
+    url = _url(origin, model)
+    for i in range(3):
+        fleet.post(i, url, "llm")
+    fleet.wait_all("llm", seconds=120)
+    _identical(fleet, [0, 1, 2], model, origin)
+    assert origin.bytes_total <= 1.05 * model.size
+
+
+@needs_swarm
 def test_listed_peers_that_are_down_fall_back_to_the_origin(
     origin: Origin, model: Model, make_fleet: MakeFleet
 ) -> None:
@@ -271,6 +288,36 @@ def test_a_node_joining_later_reads_no_body_bytes_from_the_origin(
     assert origin.bytes_total == 0, origin.served
     from_origin, from_peers = _swarm_bytes(record)
     assert from_origin == 0 and from_peers >= sum(p.stat().st_size for p in model.shards)
+
+
+@needs_swarm
+def test_a_follower_killed_mid_swarm_download_restarts_and_finishes_from_peers(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    """Node 2 takes 1 MB/s at most from the swarm (AIOLOADER_SWARM_RATE), so it is
+    killed with part of the model in its scratch folder; restarted, it clears that,
+    and finishes from its peers alone."""
+    fleet = make_fleet(3, swarm=True)
+    url = _ready_pair(origin, model, fleet)
+    origin.reset_counters()
+    fleet.env["AIOLOADER_SWARM_RATE"] = "1MB/s"
+    fleet.start(2)
+    fleet.post(2, url, "llm")
+    incoming = fleet[2].cache_dir / ".swarm" / "incoming"
+
+    def some_came(_: object) -> bool:
+        return any(p.stat().st_blocks * 512 >= MIB for p in incoming.glob("*/*/*") if p.is_file())
+
+    fleet.wait_for(fleet[2], some_came, 60, "part of the model in the scratch folder")
+    fleet.kill(2)
+    del fleet.env["AIOLOADER_SWARM_RATE"]
+    fleet.start(2)
+    fleet.post(2, url, "llm")
+    record = fleet.wait_ready(2, "llm", seconds=120)
+    _identical(fleet, [2], model, origin)
+    assert [p for p in incoming.rglob("*") if p.is_file() and not p.name.endswith(".lock")] == []
+    assert origin.bytes_total == 0
+    assert _swarm_bytes(record)[1] >= 0.95 * model.size
 
 
 @needs_swarm

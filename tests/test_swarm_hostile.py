@@ -52,6 +52,12 @@ def _serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tup
         (["--peers", "a:1", "--swarm-stall", "-5"], {}, "--swarm-stall"),
         (["--peers", "a:1", "--swarm-stall", "inf"], {}, "--swarm-stall"),
         (["--peers", "a:1", "--swarm-stall", "1e12"], {}, "--swarm-stall"),
+        (["--peers", "a:1", "--swarm-rate", "fast"], {}, "--swarm-rate"),
+        (["--peers", "a:1", "--swarm-rate", "-1MB/s"], {}, "--swarm-rate"),
+        (["--peers", "a:1", "--swarm-rate", "10"], {}, "--swarm-rate"),  # under 64 KiB/s
+        (["--peers", "a:1", "--swarm-rate", "3GiB/s"], {}, "--swarm-rate"),  # libtorrent: 32 bits
+        (["--peers", "a:1", "--swarm-rate", "1" + "0" * 40], {}, "--swarm-rate"),
+        (["--peers", "a:1"], {"AIOLOADER_SWARM_RATE": "1.5.5"}, "AIOLOADER_SWARM_RATE"),
     ],
 )
 def test_bad_swarm_settings_stop_the_start_naming_the_flag(

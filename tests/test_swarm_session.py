@@ -158,3 +158,39 @@ async def test_a_port_in_use_is_a_startup_error(swarms: list[Swarm]) -> None:
         swarms.append(swarm)
         with pytest.raises(StartupError, match="--swarm-port"):
             await swarm.start()
+
+
+async def test_a_range_is_handed_out_before_the_whole_file_came(
+    data: Path, tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    """A seeder held to 1 MB/s: the first 64 KiB are readable (checked and written)
+    long before the 3 MiB are in. A range used to wait for the whole file."""
+    torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    seeder = await _swarm(swarms, 71, [72], rate=1_000_000)
+    leecher = await _swarm(swarms, 72, [71])
+    await seeder.seed(torrent, data)
+    download = await leecher.download(
+        torrent, tmp_path / "in", [("127.0.0.71", seeder.port)], share=(0, 4)
+    )
+    async with asyncio.timeout(60):
+        await download.wait_range(0, 64 << 10)
+    assert download.progress < 0.9  # it used to wait for 1.0
+    with (tmp_path / "in" / "model.safetensors").open("rb") as got:
+        assert got.read(64 << 10) == data.read_bytes()[: 64 << 10]
+    async with asyncio.timeout(60):
+        await download.wait_range(SIZE - 10, SIZE + 10)  # clipped at the end of the file
+    with (tmp_path / "in" / "model.safetensors").open("rb") as got:
+        got.seek(SIZE - 10)
+        assert got.read() == data.read_bytes()[-10:]
+    async with asyncio.timeout(60):
+        await download.wait_range(0, SIZE)
+    assert (tmp_path / "in" / "model.safetensors").read_bytes() == data.read_bytes()
+
+
+def test_shares_tile_the_pieces_and_put_their_own_first() -> None:
+    from aioloader.swarm.session import _share
+
+    for pieces, n in [(1, 1), (10, 3), (513, 7), (3, 8)]:
+        firsts = [[p for p, v in enumerate(_share(pieces, i, n)) if v == 7] for i in range(n)]
+        assert sorted(p for share in firsts for p in share) == list(range(pieces))
+        assert all(set(_share(pieces, i, n)) <= {4, 7} for i in range(n))

@@ -49,6 +49,7 @@ DEFAULT_CLIENT_TIMEOUT = 10.0
 DEFAULT_SWARM_PORT = 6881
 DEFAULT_SWARM_WAIT = 2.0
 DEFAULT_SWARM_STALL = 30.0
+MAX_SWARM_RATE = (1 << 31) - 1  # bytes per second: libtorrent's rates are 32-bit
 
 
 def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -87,6 +88,7 @@ class DaemonConfig:
         swarm_port, swarm_host: where the swarm listens (None: ``host``).
         swarm_wait: seconds a download waits for its peers' answers.
         swarm_stall: seconds without swarm progress before a file turns to the origin.
+        swarm_rate: bytes per second the swarm sends at most, and takes (0: no cap).
         notes: warnings from reading the settings, for the log (never a secret).
     """
 
@@ -111,6 +113,7 @@ class DaemonConfig:
     swarm_port: int = DEFAULT_SWARM_PORT
     swarm_wait: float = DEFAULT_SWARM_WAIT
     swarm_stall: float = DEFAULT_SWARM_STALL
+    swarm_rate: int = 0
     swarm_host: str | None = None
     notes: tuple[str, ...] = ()
 
@@ -128,6 +131,12 @@ class DaemonConfig:
         check_number(_shown("swarm_port"), self.swarm_port, integer=True, maximum=65535)
         check_number(_shown("swarm_wait"), self.swarm_wait, positive=True, maximum=MAX_SECONDS)
         check_number(_shown("swarm_stall"), self.swarm_stall, positive=True, maximum=MAX_SECONDS)
+        check_bandwidth(self.swarm_rate, _shown("swarm_rate"))
+        if self.swarm_rate > MAX_SWARM_RATE:  # libtorrent keeps rates in 32 bits
+            raise ConfigError(
+                f"{_shown('swarm_rate')} must be at most 2GiB/s, got {self.swarm_rate} bytes "
+                "per second; use 0 for no cap"
+            )
         parse_peers(self.peers, "peers")
         if self.max_cache_bytes is not None:
             check_number("max cache bytes", self.max_cache_bytes, integer=True, positive=True)
@@ -291,6 +300,9 @@ def config_from_args(
         swarm_port=_or(numbers["swarm_port"], DEFAULT_SWARM_PORT),
         swarm_wait=_or(numbers["swarm_wait"], DEFAULT_SWARM_WAIT),
         swarm_stall=_or(numbers["swarm_stall"], DEFAULT_SWARM_STALL),
+        swarm_rate=parse_bandwidth(rate, where["swarm_rate"])
+        if (rate := text["swarm_rate"])
+        else 0,
         swarm_host=text["swarm_host"] or None,
     )
 

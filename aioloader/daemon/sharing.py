@@ -55,7 +55,9 @@ async def _swarm(config: DaemonConfig, host: str, node: str, folder: Any) -> Asy
     from ..swarm.peers import parse_peers
     from ..swarm.session import Swarm
 
-    async with Swarm(host, config.swarm_port, stall=config.swarm_stall) as swarm:
+    async with Swarm(
+        host, config.swarm_port, stall=config.swarm_stall, rate=config.swarm_rate
+    ) as swarm:
         shown = f"[{host}]:{swarm.port}" if ":" in host else f"{host}:{swarm.port}"
         async with Coordinator(
             swarm,

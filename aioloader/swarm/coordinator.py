@@ -292,6 +292,7 @@ class Coordinator:
                 # Every node that answered trades pieces, not only the followed one: the
                 # followers' uploads add up, where the leader's alone would be the limit.
                 follow.others = [a.swarm for a in answers if a.swarm and a.node != follow.node]
+                follow.share = _share(self.node, answers, follow.node, dead)
             if self.manifests[key].state != "complete":
                 state: State = "following" if follow is not None else "fetching"
                 self.manifests[key] = replace(self.manifests[key], state=state)
@@ -354,6 +355,14 @@ class Coordinator:
             data = Path(path)
             size, etag, modified = await run_blocking(self._lane, partial(_version, data))
             await self._publish(key, url, data, size, etag, modified)
+
+
+def _share(node: str, answers: list[Answer], followed: str, dead: set[str]) -> tuple[int, int]:
+    """Which share of each file this node asks the followed one for first, of how many:
+    the nodes that answered, but the followed and the dropped ones, in node order
+    (each node sees about the same ones, and the shares need not tile exactly)."""
+    followers = sorted({a.node for a in answers if a.node not in dead | {followed}} | {node})
+    return followers.index(node), len(followers)
 
 
 async def _body(response: Any, limit: int) -> bytes:

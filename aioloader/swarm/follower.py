@@ -1,7 +1,9 @@
 """The node a fetch follows (coordinator.py): what it answered, and its manifest, polled
 while this node waits for a file or a torrent. A node that stops offering the model, or
-whose manifest does not move for the stall time, is a ``SwarmError``: the fetch drops it
-and turns elsewhere."""
+that neither answers that it pulls the model from the origin nor changes its manifest
+for the stall time, is a ``SwarmError``: the fetch drops it and turns elsewhere. A node
+pulling a big file from a slow origin says ``fetching`` for as long as that takes (its
+own reads have their timeouts; a fetch that fails withdraws its manifest)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .download import SwarmError, SwarmStalled
 from .manifest import FileOffer, Manifest
-from .session import SwarmError, SwarmStalled
 
 __all__ = ["Answer", "Follower", "known_torrent", "leads"]
 
@@ -45,6 +47,10 @@ class Follower:
         self.key = key
         self.manifest = answer.manifest
         self.others: list[str] = []  # other nodes' swarm addresses, to trade pieces with
+        self.share: tuple[int, int] | None = None  # (i, n): the pieces asked for first
+        self._asking = asyncio.Lock()
+        self._asked = float("-inf")  # when the manifest was last asked for (loop time)
+        self._moved = asyncio.get_running_loop().time()  # when it last changed
 
     def __repr__(self) -> str:
         return f"<Follow {self.node[:8]} at {self.api}>"
@@ -58,24 +64,32 @@ class Follower:
 
     async def _wait(self, ready: Callable[[], Any], what: str) -> Any:
         """Poll the manifest until ``ready()`` gives something; SwarmStalled when the
-        node's manifest did not change for the stall time."""
-        stall = self._stall
+        node's manifest did not change for the stall time. Waiters share the polls."""
         loop = asyncio.get_running_loop()
-        moved = loop.time()
         while True:
             found = ready()
             if found is not None:
                 return found
-            if loop.time() - moved > stall:
-                raise SwarmStalled(f"{self!r}: no {what} for {stall:g} s")
+            if loop.time() - self._moved > self._stall:
+                raise SwarmStalled(f"{self!r}: no {what} for {self._stall:g} s")
             await asyncio.sleep(_POLL)
+            await self._look()
+
+    async def _look(self) -> None:
+        """Ask the node for its manifest, unless a waiter did within the poll time."""
+        loop = asyncio.get_running_loop()
+        async with self._asking:
+            if loop.time() - self._asked < _POLL:
+                return
             answer = await self._ask(self.api, self.key)
-            if answer is not None and answer.node == self.node and answer.manifest is None:
-                raise SwarmError(f"{self!r} no longer offers the model")
-            if answer is not None and answer.node == self.node and answer.manifest is not None:
-                if answer.manifest != self.manifest:
-                    moved = loop.time()
-                self.manifest = answer.manifest
+            self._asked = loop.time()
+        if answer is None or answer.node != self.node:
+            return
+        if answer.manifest is None:
+            raise SwarmError(f"{self!r} no longer offers the model")
+        if answer.manifest != self.manifest or answer.manifest.state == "fetching":
+            self._moved = loop.time()  # a node pulling from the origin is not stalled
+        self.manifest = answer.manifest
 
     async def offer(self, name: str) -> FileOffer:
         def ready() -> FileOffer | None:

@@ -8,9 +8,8 @@ MB/s): TCP only. An IP filter lets in only the configured peers (``allow``), for
 connections either way.
 
 Pieces are libtorrent's to move and check: a v2 torrent checks each piece against
-its merkle tree on arrival. A ``Download`` says when a byte range is whole on disk
-(``wait_range``), or that the swarm stalled (``SwarmStalled``) so that its reader can
-turn elsewhere.
+its merkle tree on arrival. A ``Download`` (download.py) says when a byte range is
+whole on disk, or that the swarm stalled.
 """
 
 from __future__ import annotations
@@ -23,27 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import SourceError, StartupError
+from ..errors import StartupError
 from ..redact import redacting_logger
 from ..threads import Lane, run_blocking
+from .download import Download, SwarmError, SwarmStalled
 from .settings_pack import settings_pack
 from .torrents import describe, info_hash, libtorrent
 
-__all__ = ["Download", "Swarm", "SwarmError", "SwarmStalled", "SwarmStatistics"]
+__all__ = ["Swarm", "SwarmError", "SwarmStalled", "SwarmStatistics"]
 
 logger = redacting_logger(__name__)
 
-_POLL = 0.05  # seconds between looks at a download's pieces
 _PUMP = 0.25  # seconds between reads of the session's alerts
-_RECONNECT = 2.0  # seconds between connection attempts to peers a download lacks
-
-
-class SwarmError(SourceError):
-    """The swarm cannot give a file (a torrent error, a closed session)."""
-
-
-class SwarmStalled(SwarmError, TimeoutError):
-    """No piece of a download arrived for the stall time."""
 
 
 @dataclass(frozen=True)
@@ -55,110 +45,6 @@ class SwarmStatistics:
     banned: int
     blocked: int
     hash_failures: int
-
-
-class Download:
-    """One file coming from the swarm into ``path``."""
-
-    def __init__(self, swarm: Swarm, handle: Any, torrent: bytes, path: Path) -> None:
-        self.swarm = swarm
-        self.handle = handle
-        self.info_hash = info_hash(torrent)
-        self.path = path
-        self.size = describe(torrent)[1]
-        self._piece = 0
-        self._have: list[bool] = []
-        self._done = -1
-        self._moved = time.monotonic()
-        self._looked = 0.0
-        self._connected = 0.0
-        self._peers: list[tuple[str, int]] = []
-        self._lock = asyncio.Lock()
-        self.bytes_from_peers = 0
-        self.progress = 0.0
-        self._flushed = False
-
-    def __repr__(self) -> str:
-        return f"<Download {self.info_hash[:12]} {self.progress:.0%}>"
-
-    def connect(self, peers: Iterable[tuple[str, int]]) -> None:
-        """Peers to try (their swarm addresses); tried again while some are not connected."""
-        self._peers = list(dict.fromkeys([*self._peers, *peers]))
-        self._connected = 0.0
-
-    def _look(self) -> tuple[list[bool], int, str | None, int]:
-        handle = self.handle
-        status = handle.status(handle.query_pieces)
-        now = time.monotonic()
-        # Peers not yet holding the torrent refuse at first; ask again until all are in.
-        if status.num_peers < len(self._peers) and now - self._connected > _RECONNECT:
-            self._connected = now
-            for peer in self._peers:
-                with contextlib.suppress(RuntimeError):
-                    handle.connect_peer(peer)
-        error = status.errc.message() if status.errc.value() else None
-        self._piece = self._piece or handle.torrent_file().piece_length()
-        return (
-            list(status.pieces),
-            int(status.total_wanted_done),
-            error,
-            int(status.total_payload_download),
-        )
-
-    async def _refresh(self, stall: float) -> None:
-        async with self._lock:
-            if time.monotonic() - self._looked < _POLL:
-                return
-            have, done, error, down = await run_blocking(self.swarm.lane, self._look)
-            self._looked = time.monotonic()
-            if error:
-                raise SwarmError(f"swarm download {self.info_hash[:12]} failed: {error}")
-            self._have, self.bytes_from_peers = have, down
-            self.progress = done / self.size if self.size else 1.0
-            if done != self._done:
-                self._done, self._moved = done, time.monotonic()
-            elif time.monotonic() - self._moved > stall:
-                raise SwarmStalled(
-                    f"swarm download {self.info_hash[:12]}: no piece for {stall:g} s "
-                    f"({self.progress:.0%} done)"
-                )
-
-    async def wait_range(self, start: int, end: int) -> None:
-        """Return once bytes ``[start, end)`` are checked and on disk.
-
-        libtorrent 2.1 counts a piece as had once its hash passed, which may be before
-        its bytes left its write buffer; so this waits for the whole file, then for
-        libtorrent to flush it (cache_flushed_alert), before any byte is read back.
-
-        Raises:
-            SwarmStalled: no piece arrived for the swarm's stall time.
-            SwarmError: libtorrent reports an error on the torrent.
-        """
-        if end <= start:
-            return
-        while not self._flushed:
-            await self._refresh(self.swarm.stall)
-            if self._have and all(self._have):
-                await self._flush()
-                return
-            await asyncio.sleep(_POLL)
-
-    async def _flush(self) -> None:
-        async with self._lock:
-            if self._flushed:
-                return
-            swarm = self.swarm
-            swarm._flushes.discard(self.info_hash)
-            await run_blocking(swarm.lane, self.handle.flush_cache)
-            async with asyncio.timeout(max(swarm.stall, 1.0)):
-                while self.info_hash not in swarm._flushes:
-                    await swarm.refresh()
-                    await asyncio.sleep(_POLL)
-            self._flushed = True
-
-    async def aclose(self) -> None:
-        """Take the download out of the session (its file stays; idempotent)."""
-        await self.swarm._drop(self.info_hash, self.handle)
 
 
 class Swarm:
@@ -180,7 +66,7 @@ class Swarm:
         self._pump: asyncio.Task[None] | None = None
         self._banned = self._blocked = self._failures = 0
         self._allowed: list[str] = []
-        self._flushes: set[str] = set()  # info hashes whose writes libtorrent flushed
+        self.flushes: set[str] = set()  # info hashes whose writes libtorrent flushed
 
     def __repr__(self) -> str:
         return f"<Swarm {self.host}:{self.port} torrents={len(self._handles)}>"
@@ -277,11 +163,30 @@ class Swarm:
         await run_blocking(self.lane, lambda: self._add(torrent, path.parent, path.name, True))
 
     async def download(
-        self, torrent: bytes, folder: Path, peers: Iterable[tuple[str, int]]
+        self,
+        torrent: bytes,
+        folder: Path,
+        peers: Iterable[tuple[str, int]],
+        share: tuple[int, int] | None = None,
     ) -> Download:
-        """Start fetching ``torrent`` into ``folder`` from ``peers`` (swarm addresses)."""
+        """Start fetching ``torrent`` into ``folder`` from ``peers`` (swarm addresses).
+
+        ``share``: ``(i, n)``, this node is the i-th of n fetching the file at once: it
+        asks for the i-th n-th of the pieces first. Every peer holds the file's pieces
+        from the node that pulls it from the origin only; were every node to ask it
+        for the same pieces, it would send those several times, and the file would
+        leave it more slowly: a share each, traded among the followers, makes its
+        upload count once (8 nodes, 40 MB/s links: 256 MiB in 10.5 s, 14 s without).
+        """
         self._check_open()
-        handle = await run_blocking(self.lane, lambda: self._add(torrent, folder, None, False))
+
+        def add() -> Any:
+            handle = self._add(torrent, folder, None, False)
+            if share is not None:
+                handle.prioritize_pieces(_share(handle.torrent_file().num_pieces(), *share))
+            return handle
+
+        handle = await run_blocking(self.lane, add)
         download = Download(self, handle, torrent, folder / describe(torrent)[0])
         download.connect(peers)
         await run_blocking(self.lane, download._look)  # connects now
@@ -294,9 +199,10 @@ class Swarm:
         """Stop offering or fetching the torrent of info hash ``key`` (if any)."""
         handle = self._handles.get(key)
         if handle is not None:
-            await self._drop(key, handle)
+            await self.drop(key, handle)
 
-    async def _drop(self, key: str, handle: Any) -> None:
+    async def drop(self, key: str, handle: Any) -> None:
+        """Take the torrent ``key`` out, if ``handle`` is still the one held for it."""
         if self._handles.get(key) is not handle or self._session is None:
             return  # replaced (by a seed of the same file) or gone
         del self._handles[key]
@@ -318,7 +224,7 @@ class Swarm:
             elif isinstance(alert, lt.hash_failed_alert):
                 self._failures += 1
             elif isinstance(alert, lt.cache_flushed_alert):
-                self._flushes.add(str(alert.handle.info_hashes().v2))
+                self.flushes.add(str(alert.handle.info_hashes().v2))
             elif alert.category() & lt.alert_category.error:
                 logger.warning("swarm: %s", alert.message())
         counts = {}
@@ -370,3 +276,9 @@ class Swarm:
                 await run_blocking(self.lane, stop)
         finally:
             self.lane.close()
+
+
+def _share(pieces: int, i: int, n: int) -> list[int]:
+    """Piece priorities that put share ``i`` of ``n`` first (7: the top; 4: the default)."""
+    first, last = i * pieces // n, (i + 1) * pieces // n
+    return [7 if first <= p < last else 4 for p in range(pieces)]

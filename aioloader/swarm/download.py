@@ -1,0 +1,162 @@
+"""``Download``: one file coming from the swarm, and when its byte ranges are readable.
+
+Its pieces are libtorrent's to move and check (a v2 torrent checks each piece against
+its merkle tree on arrival); this says when a range is whole on disk (``wait_range``),
+or that the swarm stalled (``SwarmStalled``) so that its reader can turn elsewhere.
+Every libtorrent call runs in the session's lane (session.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import SourceError
+from ..threads import Lane, run_blocking
+from .torrents import describe, info_hash
+
+__all__ = ["Download", "Host", "SwarmError", "SwarmStalled"]
+
+_POLL = 0.05  # seconds between looks at a download's pieces
+_RECONNECT = 2.0  # seconds between connection attempts to peers a download lacks
+
+
+class SwarmError(SourceError):
+    """The swarm cannot give a file (a torrent error, a closed session)."""
+
+
+class SwarmStalled(SwarmError, TimeoutError):
+    """No piece of a download arrived for the stall time."""
+
+
+class Host(Protocol):
+    """What a download needs of its session (session.py's ``Swarm``)."""
+
+    lane: Lane
+    stall: float
+    flushes: set[str]  # info hashes whose writes libtorrent flushed since asked
+
+    async def refresh(self) -> Any:
+        """Read the session's alerts now."""
+
+    async def drop(self, key: str, handle: Any) -> None:
+        """Take the torrent ``key`` out, if ``handle`` is still the one held for it."""
+
+
+class Download:
+    """One file coming from the swarm into ``path``."""
+
+    def __init__(self, swarm: Host, handle: Any, torrent: bytes, path: Path) -> None:
+        self.swarm = swarm
+        self.handle = handle
+        self.info_hash = info_hash(torrent)
+        self.path = path
+        self.size = describe(torrent)[1]
+        self._piece = 0
+        self._have: list[bool] = []
+        self._done = -1
+        self._moved = time.monotonic()
+        self._looked = 0.0
+        self._connected = 0.0
+        self._peers: list[tuple[str, int]] = []
+        self._lock = asyncio.Lock()
+        self.bytes_from_peers = 0
+        self.progress = 0.0
+        self._flushed: list[bool] = []  # the pieces had when the last flush began
+        self._flushing = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<Download {self.info_hash[:12]} {self.progress:.0%}>"
+
+    def connect(self, peers: Iterable[tuple[str, int]]) -> None:
+        """Peers to try (their swarm addresses); tried again while some are not connected."""
+        self._peers = list(dict.fromkeys([*self._peers, *peers]))
+        self._connected = 0.0
+
+    def _look(self) -> tuple[list[bool], int, str | None, int]:
+        handle = self.handle
+        status = handle.status(handle.query_pieces)
+        now = time.monotonic()
+        # Peers not yet holding the torrent refuse at first; ask again until all are in.
+        if status.num_peers < len(self._peers) and now - self._connected > _RECONNECT:
+            self._connected = now
+            for peer in self._peers:
+                with contextlib.suppress(RuntimeError):
+                    handle.connect_peer(peer)
+        error = status.errc.message() if status.errc.value() else None
+        self._piece = self._piece or handle.torrent_file().piece_length()
+        return (
+            list(status.pieces),
+            int(status.total_wanted_done),
+            error,
+            int(status.total_payload_download),
+        )
+
+    async def _refresh(self, stall: float) -> None:
+        async with self._lock:
+            if time.monotonic() - self._looked < _POLL:
+                return
+            have, done, error, down = await run_blocking(self.swarm.lane, self._look)
+            self._looked = time.monotonic()
+            if error:
+                raise SwarmError(f"swarm download {self.info_hash[:12]} failed: {error}")
+            self._have, self.bytes_from_peers = have, down
+            self.progress = done / self.size if self.size else 1.0
+            if done != self._done:
+                self._done, self._moved = done, time.monotonic()
+            elif time.monotonic() - self._moved > stall:
+                raise SwarmStalled(
+                    f"swarm download {self.info_hash[:12]}: no piece for {stall:g} s "
+                    f"({self.progress:.0%} done)"
+                )
+
+    async def wait_range(self, start: int, end: int) -> None:
+        """Return once bytes ``[start, end)`` are checked and on disk.
+
+        libtorrent 2.1 counts a piece as had once its hash passed, which may be before
+        its bytes left its write buffer; so a range is readable once its pieces are had
+        and a flush begun after that ended (cache_flushed_alert). Waiting ranges share
+        the flushes: one at a time, each covering every piece had when it began.
+
+        Raises:
+            SwarmStalled: no piece arrived for the swarm's stall time.
+            SwarmError: libtorrent reports an error on the torrent.
+        """
+        end = min(end, self.size)
+        if end <= start:
+            return
+        while not self._holds(self._flushed, start, end):
+            await self._refresh(self.swarm.stall)
+            if self._holds(self._have, start, end):
+                await self._flush()
+            else:
+                await asyncio.sleep(_POLL)
+
+    def _holds(self, pieces: list[bool], start: int, end: int) -> bool:
+        if not pieces or not self._piece:
+            return False
+        first, last = start // self._piece, (end - 1) // self._piece
+        return all(pieces[first : last + 1])
+
+    async def _flush(self) -> None:
+        """Flush libtorrent's writes of this torrent; ``_flushed``: what was had before."""
+        async with self._flushing:
+            swarm = self.swarm
+            have, _, _, _ = await run_blocking(swarm.lane, self._look)
+            if have == self._flushed:
+                return  # nothing new since the last flush
+            swarm.flushes.discard(self.info_hash)
+            await run_blocking(swarm.lane, self.handle.flush_cache)
+            async with asyncio.timeout(max(swarm.stall, 1.0)):
+                while self.info_hash not in swarm.flushes:
+                    await asyncio.sleep(_POLL)
+                    await swarm.refresh()
+            self._flushed = have
+
+    async def aclose(self) -> None:
+        """Take the download out of the session (its file stays; idempotent)."""
+        await self.swarm.drop(self.info_hash, self.handle)

@@ -1,0 +1,214 @@
+"""One file of a followed node coming through the swarm (``Incoming``).
+
+Its download starts as soon as the file's torrent shows in the followed node's
+manifest, whoever reads it and however many read slots its fetch has: every file of
+the model comes at once, libtorrent sharing the links between them. It lands in the
+scratch folder ``<cache>/.swarm/incoming/<node id>/<info hash>/``, and a byte range is
+readable as soon as its pieces are checked (each against the torrent's merkle tree)
+and written (session.py's ``wait_range``).
+
+A piece hash only says the bytes are the followed node's. Where the origin publishes
+a digest of the file (``Source.publisher_digest``: the Hub's LFS sha256, S3's
+full-object checksum), a task hashes the file in order as its pieces arrive, reading
+the scratch copy back (from the page cache), and ``checked()`` compares: a copy that
+differs is a ``DigestMismatchError``. The cache's fetch discards what it wrote of it
+and the coordinator turns to another node or to the origin.
+
+A fetch's blobs of one file (the index is opened to find the shards, then fetched)
+share one ``Incoming``; it goes, download and scratch copy, when the fetch ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Protocol
+
+from ..direct_io import fill
+from ..errors import DigestMismatchError
+from ..sources.digests import Digest
+from ..threads import run_blocking
+from .download import Download
+from .manifest import FileOffer
+from .session import Swarm
+from .torrents import info_hash
+
+__all__ = ["Follow", "Incoming"]
+
+_BLOCK = 8 << 20  # bytes hashed at a time
+
+
+class Follow(Protocol):
+    """The node a fetch follows (coordinator.py): its files, as its manifest shows them."""
+
+    async def offer(self, name: str) -> FileOffer:
+        """The file ``name``, once the manifest lists it (SwarmStalled: it did not)."""
+
+    async def torrent(self, name: str) -> bytes:
+        """The file's torrent, once the node holds the file (SwarmStalled: not in time)."""
+
+    def swarm_peers(self) -> list[tuple[str, int]]:
+        """Swarm addresses to download from."""
+
+    @property
+    def share(self) -> tuple[int, int] | None:
+        """``(i, n)``: this node asks for the i-th n-th of each file's pieces first."""
+
+
+class Incoming:
+    """The swarm download of the file ``name`` of the followed node ``follow``.
+
+    Args:
+        follow: the node followed (its ``torrent(name)`` waits for the torrent).
+        swarm: the daemon's session.
+        scratch: where downloads land.
+        lane: threads for reads and the hash.
+        url: the file's URL (messages).
+        name: the file's name in the manifest.
+        size: its size in bytes.
+        digest: what the origin publishes for it (None: nothing to compare).
+    """
+
+    def __init__(
+        self,
+        follow: Follow,
+        swarm: Swarm,
+        scratch: Path,
+        lane: Executor,
+        url: str,
+        name: str,
+        size: int,
+        digest: Digest | None,
+    ) -> None:
+        self.follow = follow
+        self.swarm = swarm
+        self.scratch = scratch
+        self.lane = lane
+        self.url = url
+        self.name = name
+        self.size = size
+        self.digest = digest
+        self._fd: int | None = None
+        self._download: Download | None = None
+        loop = asyncio.get_running_loop()
+        self._started = loop.create_task(self._start(), name=f"aioloader swarm {name}")
+        self._hashed: asyncio.Task[str] | None = None
+        if digest is not None and digest.running() is not None:
+            self._hashed = loop.create_task(self._hash(digest), name=f"aioloader hash {name}")
+
+    def __repr__(self) -> str:
+        return f"<Incoming {self.name} from {self.follow!r}>"
+
+    async def _start(self) -> Download:
+        torrent = await self.follow.torrent(self.name)
+        folder = self.scratch / info_hash(torrent)
+        download = await self.swarm.download(
+            torrent, folder, self.follow.swarm_peers(), self.follow.share
+        )
+        self._download = download
+        self._fd = await run_blocking(self.lane, lambda: _open_sparse(download.path))
+        return download
+
+    async def download(self) -> Download:
+        """The download, once started (the followed node published the torrent)."""
+        return await asyncio.shield(self._started)
+
+    async def ready(self, start: int, end: int) -> Download:
+        """Return once bytes ``[start, end)`` are checked and written."""
+        download = await self.download()
+        await download.wait_range(start, end)
+        return download
+
+    async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> int:
+        """Fill ``buffers`` from ``offset`` once their bytes came; the bytes read."""
+        length = sum(b.nbytes for b in buffers)
+        download = await self.ready(offset, offset + length)
+        fd = self._fd
+        assert fd is not None
+
+        def read() -> None:
+            at = offset
+            for buffer in buffers:
+                view = buffer.cast("B") if buffer.format != "B" else buffer
+                try:
+                    fill(fd, view, at, view.nbytes)
+                except EOFError as end:
+                    raise OSError(f"{download.path}: short read at {end.args[0]}") from None
+                at += view.nbytes
+
+        await run_blocking(self.lane, read)
+        return length
+
+    async def checked(self) -> None:
+        """Return once the whole file matches the origin's digest (at once without one).
+
+        Raises:
+            DigestMismatchError: it does not.
+        """
+        if self._hashed is None or self.digest is None:
+            return
+        actual = await asyncio.shield(self._hashed)
+        digest = self.digest
+        if actual != digest.value:
+            raise DigestMismatchError(
+                f"{self.url}: the copy from {self.follow!r} does not match the "
+                f"{digest.algorithm} {digest.where}: expected {digest.value}, got {actual}. "
+                "It is refused before the cache commits a byte of it; the file comes from "
+                "another node or from the origin",
+                url=self.url,
+                algorithm=digest.algorithm,
+                expected=digest.value,
+                actual=actual,
+            )
+
+    async def _hash(self, digest: Digest) -> str:
+        """The file's digest, hashed in order as its pieces arrive."""
+        running = digest.running()
+        assert running is not None
+        download = await self.download()
+        view = memoryview(bytearray(min(_BLOCK, max(self.size, 1))))
+        at = 0
+        while at < self.size:
+            n = min(_BLOCK, self.size - at)
+            await download.wait_range(at, at + n)
+            fd = self._fd
+            assert fd is not None
+
+            def step(fd: int = fd, at: int = at, n: int = n) -> None:
+                try:
+                    fill(fd, view, at, n)
+                except EOFError as end:
+                    raise OSError(f"short read of the swarm's copy at {end.args[0]}") from None
+                running.update(view[:n])
+
+            await run_blocking(self.lane, step)
+            at += n
+        return running.result()
+
+    async def aclose(self) -> None:
+        """Stop the download and the hash, remove the scratch copy; idempotent."""
+        tasks = [t for t in (self._started, self._hashed) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        for task in tasks:
+            if not task.cancelled():
+                task.exception()  # seen: the readers had it, or nobody needs it now
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        download, self._download = self._download, None
+        if download is not None:
+            await download.aclose()
+            folder = download.path.parent
+            await run_blocking(self.lane, lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+def _open_sparse(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # libtorrent makes the file as pieces arrive; open it (sparse) to read them back.
+    return os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
