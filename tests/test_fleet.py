@@ -245,6 +245,33 @@ def test_leader_killed_halfway_every_other_node_finishes(
     assert origin.bytes_total <= 2 * model.size
 
 
+@needs_swarm
+def test_followers_leave_a_killed_leader_long_before_the_stall_time(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    """With --swarm-stall 600 the survivors used to wait that long on the dead leader's
+    pieces; they notice it stopped answering within seconds, and one of them pulls the
+    rest from the origin."""
+    from aioloader.swarm.manifest import model_key
+    from aioloader.swarm.rendezvous import ranked
+
+    fleet = make_fleet(3, swarm=True, extra=("--swarm-stall", "600"))
+    fleet.start()
+    url = _url(origin, model)
+    ids = {fleet[i].get("/v1/swarm/node")[1]["node"]: i for i in range(3)}
+    leader = ids[ranked(model_key(url), list(ids))[0]]
+    origin.hold_after(model.size // 2)
+    for i in range(3):
+        fleet.post(i, url, "llm")
+    fleet.wait_for(fleet[leader], lambda _: origin.paused, 60, "the origin to hold halfway")
+    fleet.kill(leader)
+    origin.resume()
+    survivors = [i for i in range(3) if i != leader]
+    fleet.wait_all("llm", survivors, seconds=90)  # not 600
+    _identical(fleet, survivors, model, origin)
+    assert origin.bytes_total <= 2 * model.size
+
+
 def _corrupt_entries(fleet: Fleet, i: int, model: Model, origin: Origin) -> None:
     """Flip a byte every 256 KiB of the tensor data of node ``i``'s cached shards."""
     for path in model.shards:

@@ -37,30 +37,27 @@ from ..errors import LoaderError
 from ..redact import redacting_logger
 from ..sources.base import Source
 from ..threads import Lane, run_blocking
-from .follower import Answer, Follower, known_torrent, leads
+from .follower import Answer, Follower, ask, known_torrent, leads, share_of
 from .held import Held, HeldFile
 from .manifest import (
     FileOffer,
     Manifest,
-    ManifestError,
     State,
     file_name,
     model_key,
-    parse,
-    swarm_address,
 )
 from .peers import PeerAddress, resolve
 from .rendezvous import ranked
 from .session import Swarm, SwarmError
 from .source import Reads, SwarmSource
-from .torrents import describe, info_hash, make_torrent
+from .torrents import info_hash, make_torrent
 
 __all__ = ["Coordinator", "Follower"]
 
 logger = redacting_logger(__name__)
 
 SETTLE = 5  # times ``wait``: how long silent peers are asked again before ranking
-_MAX_ANSWER = 64 << 20
+LEAD_CHUNK = 8 << 20  # the largest origin read of a leader (see _leading)
 HELD_CHECK = 5.0  # seconds between looks at the seeded files, for other processes' removals
 
 
@@ -172,46 +169,7 @@ class Coordinator:
 
     async def ask(self, api: str, key: str) -> Answer | None:
         """A peer's answer about the model ``key`` (None: no usable answer)."""
-        import aiohttp
-
-        url = f"http://{api}/v1/swarm/models/{key}"
-        try:
-            async with asyncio.timeout(self.wait):
-                async with self._client.get(url) as response:
-                    status = response.status
-                    raw = await _body(response, _MAX_ANSWER)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            logger.debug("peer %s: no answer (%s)", api, exc)
-            return None
-        except ValueError as exc:
-            logger.warning("peer %s: %s; ignored", api, exc)
-            return None
-        try:
-            doc = json.loads(raw)
-        except (UnicodeDecodeError, ValueError):
-            logger.warning("peer %s: its answer is not JSON (HTTP %d); ignored", api, status)
-            return None
-        node = doc.get("node") if isinstance(doc, dict) else None
-        if not isinstance(node, str) or not 0 < len(node) <= 64 or not node.isalnum():
-            logger.warning("peer %s: its answer names no node (HTTP %d); ignored", api, status)
-            return None
-        if status == 404:
-            try:
-                swarm = swarm_address(doc.get("swarm"))
-            except ManifestError:
-                swarm = None  # it cannot trade pieces; it still counts in the ranking
-            return Answer(api, node, None, swarm)
-        if status != 200:
-            logger.warning("peer %s: HTTP %d for a manifest; ignored", api, status)
-            return None
-        try:
-            manifest = await run_blocking(self._lane, lambda: parse(doc, api, key, describe))
-        except ManifestError as exc:
-            logger.warning("%s", exc)
-            return None
-        if manifest.node != node:
-            return None
-        return Answer(api, node, manifest, manifest.swarm)
+        return await ask(self._client, api, key, self.wait, self._lane)
 
     # -- the manifests this node offers ---------------------------------------------------
 
@@ -224,13 +182,33 @@ class Coordinator:
 
         return noted
 
+    def _attempt(
+        self, key: str, reads: Reads, follow: Follower | None
+    ) -> tuple[Callable[[Source, Executor], Source], Callable[[str, Path, Any], Awaitable[None]]]:
+        """A try's source hook (the origin behind a SwarmSource) and on_file callback."""
+        made: list[SwarmSource] = []
+
+        def hook(origin: Source, lane: Executor) -> Source:
+            made.append(
+                SwarmSource(origin, lane, self.swarm, self.scratch, reads, follow, self._note(key))
+            )
+            return made[-1]
+
+        return hook, self._on_file(key, follow, made)
+
     def _on_file(
-        self, key: str, follow: Follower | None = None
+        self, key: str, follow: Follower | None = None, sources: list[SwarmSource] | None = None
     ) -> Callable[[str, Path, Any], Awaitable[None]]:
         async def on_file(url: str, data: Path, version: Any) -> None:
             size, etag = version.size, version.etag
             known = known_torrent(follow, file_name(url), size, etag)
-            await self._publish(key, url, data, size, etag, version.last_modified, known)
+            try:
+                await self._publish(key, url, data, size, etag, version.last_modified, known)
+            finally:
+                # Seeded from the cache entry now: its scratch copy goes at once, most of
+                # it before the kernel writes it back to disk.
+                for source in sources or ():
+                    await source.release(file_name(url))
 
         return on_file
 
@@ -292,7 +270,7 @@ class Coordinator:
                 # Every node that answered trades pieces, not only the followed one: the
                 # followers' uploads add up, where the leader's alone would be the limit.
                 follow.others = [a.swarm for a in answers if a.swarm and a.node != follow.node]
-                follow.share = _share(self.node, answers, follow.node, dead)
+                follow.share = share_of(self.node, answers, follow.node, dead)
             if self.manifests[key].state != "complete":
                 state: State = "following" if follow is not None else "fetching"
                 self.manifests[key] = replace(self.manifests[key], state=state)
@@ -300,13 +278,13 @@ class Coordinator:
                 "%s: %s", url, f"following {follow!r}" if follow else "pulling from the origin"
             )
 
-            def hook(origin: Source, lane: Executor, f: Follower | None = follow) -> Source:
-                return SwarmSource(
-                    origin, lane, self.swarm, self.scratch, reads, f, self._note(key)
-                )
-
+            hook, on_file = self._attempt(key, reads, follow)
             try:
-                cached = await fetch(url, source=hook, on_file=self._on_file(key, follow), **kwargs)
+                if follow is None:
+                    cached = await fetch(url, source=hook, on_file=on_file, **_leading(kwargs))
+                else:
+                    work = fetch(url, source=hook, on_file=on_file, **kwargs)
+                    cached = await _watched(work, follow)
             except (SwarmError, LoaderError) as exc:
                 if follow is None:
                     raise
@@ -332,17 +310,22 @@ class Coordinator:
                 return answers
             await asyncio.sleep(min(self.wait, max(0.0, deadline - loop.time())))
 
+    def _gone(self) -> float:
+        """Seconds without an answer after which a followed node is taken for dead: three
+        asks' worth, at least 3 s (a daemon answers at once, its loop never blocks)."""
+        return max(3 * self.wait, 3.0)
+
     def _choose(self, key: str, answers: list[Answer], dead: set[str]) -> Follower | None:
         alive = [a for a in answers if a.node not in dead]
         holders = [a for a in alive if leads(a)]
         if holders:
             holders.sort(key=lambda a: (a.manifest.state != "complete", a.node))  # type: ignore[union-attr]
-            return Follower(holders[0], key, self.ask, self.swarm.stall)
+            return Follower(holders[0], key, self.ask, self.swarm.stall, self._gone())
         leader = ranked(key, [a.node for a in alive] + [self.node])[0]
         if leader == self.node:
             return None
         chosen = next(a for a in alive if a.node == leader)
-        return Follower(chosen, key, self.ask, self.swarm.stall)
+        return Follower(chosen, key, self.ask, self.swarm.stall, self._gone())
 
     async def _seed_all(self, key: str, cached: Any) -> None:
         manifest = self.manifests[key]
@@ -357,24 +340,38 @@ class Coordinator:
             await self._publish(key, url, data, size, etag, modified)
 
 
-def _share(node: str, answers: list[Answer], followed: str, dead: set[str]) -> tuple[int, int]:
-    """Which share of each file this node asks the followed one for first, of how many:
-    the nodes that answered, but the followed and the dropped ones, in node order
-    (each node sees about the same ones, and the shares need not tile exactly)."""
-    followers = sorted({a.node for a in answers if a.node not in dead | {followed}} | {node})
-    return followers.index(node), len(followers)
+async def _watched(work: Awaitable[Any], follow: Follower) -> Any:
+    """``work``'s result; it is cancelled, and the SwarmError raised, once ``follow``'s
+    node is gone (``Follower.watch``)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(follow.watch())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        if task.cancelled():
+            watch.result()  # the SwarmError that ended it
+        return task.result()
+    finally:
+        for left in (watch, task):
+            left.cancel()
+        await asyncio.wait([watch, task])
+        if not watch.cancelled():
+            watch.exception()  # raised above, or nobody needs it
 
 
-async def _body(response: Any, limit: int) -> bytes:
-    """The whole body, as many chunks as it comes in; ValueError past ``limit`` bytes
-    (``content.read(n)`` returns what has arrived, a manifest's first chunk only)."""
-    chunks, total = [], 0
-    async for chunk in response.content.iter_any():
-        total += len(chunk)
-        if total > limit:
-            raise ValueError(f"an answer over {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _leading(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A leader's fetch: it reads the origin in ranges of ``LEAD_CHUNK`` bytes at most, so
+    that its reads in flight span fewer files, and its first files commit, and reach the
+    followers, sooner (16 reads of 16 MiB spanned two 128 MiB shards)."""
+    if "options" in kwargs or "limits" in kwargs:
+        return kwargs
+    from ..options import LoadOptions
+
+    chunk = LoadOptions.build(chunk_size=kwargs.get("chunk_size")).limits
+    assert chunk is not None
+    return {**kwargs, "chunk_size": min(int(chunk.chunk_size), LEAD_CHUNK)}
 
 
 def _version(data: Path) -> tuple[int, Any, Any]:

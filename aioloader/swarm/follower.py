@@ -8,16 +8,25 @@ own reads have their timeouts; a fetch that fails withdraws its manifest)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from ..redact import redacting_logger
+from ..threads import run_blocking
 from .download import SwarmError, SwarmStalled
-from .manifest import FileOffer, Manifest
+from .manifest import FileOffer, Manifest, ManifestError, parse, swarm_address
+from .torrents import describe
 
-__all__ = ["Answer", "Follower", "known_torrent", "leads"]
+__all__ = ["MAX_ANSWER", "Answer", "Follower", "ask", "known_torrent", "leads", "share_of"]
 
 _POLL = 0.25  # seconds between looks at a followed node's manifest
+_WATCH = 0.5  # seconds between looks at a followed node while a fetch follows it
+MAX_ANSWER = 64 << 20  # bytes of a peer's answer read at most
+
+logger = redacting_logger(__name__)
 
 
 @dataclass
@@ -39,9 +48,11 @@ class Follower:
         key: str,
         ask: Callable[[str, str], Awaitable[Answer | None]],
         stall: float,
+        gone: float | None = None,
     ) -> None:
         self._ask = ask  # the coordinator's: a peer's answer about a model
         self._stall = stall
+        self._gone = stall if gone is None else min(gone, stall)
         self.api = answer.api
         self.node = answer.node
         self.key = key
@@ -91,6 +102,23 @@ class Follower:
             self._moved = loop.time()  # a node pulling from the origin is not stalled
         self.manifest = answer.manifest
 
+    async def watch(self) -> None:
+        """Ask the node about the model every ``_WATCH`` seconds while a fetch follows it;
+        SwarmError once it no longer offers the model, or has not answered (refused, timed
+        out, another daemon at its address) for the ``gone`` time: a follower stops
+        waiting on a dead node's pieces then, not after the stall time."""
+        loop = asyncio.get_running_loop()
+        heard = loop.time()
+        while True:
+            await asyncio.sleep(_WATCH)
+            answer = await self._ask(self.api, self.key)
+            if answer is not None and answer.node == self.node:
+                if answer.manifest is None:
+                    raise SwarmError(f"{self!r} no longer offers the model")
+                heard = loop.time()
+            elif loop.time() - heard > self._gone:
+                raise SwarmError(f"{self!r} has not answered for {self._gone:g} s")
+
     async def offer(self, name: str) -> FileOffer:
         def ready() -> FileOffer | None:
             return self.manifest.file(name) if self.manifest else None
@@ -120,3 +148,68 @@ def known_torrent(follow: Follower | None, name: str, size: int, etag: Any) -> b
 def leads(answer: Answer) -> bool:
     """Whether ``answer``'s node holds the model or pulls it from the origin."""
     return answer.manifest is not None and answer.manifest.state != "following"
+
+
+def share_of(node: str, answers: list[Answer], followed: str, dead: set[str]) -> tuple[int, int]:
+    """Which share of each file this node asks the followed one for first, of how many:
+    the nodes that answered, but the followed and the dropped ones, in node order
+    (each node sees about the same ones, and the shares need not tile exactly)."""
+    followers = sorted({a.node for a in answers if a.node not in dead | {followed}} | {node})
+    return followers.index(node), len(followers)
+
+
+async def ask(client: Any, api: str, key: str, wait: float, lane: Executor) -> Answer | None:
+    """A peer's answer about the model ``key`` (None: no usable answer), asked with the
+    aiohttp session ``client`` within ``wait`` seconds; ``lane`` parses its manifest."""
+    import aiohttp
+
+    url = f"http://{api}/v1/swarm/models/{key}"
+    try:
+        async with asyncio.timeout(wait):
+            async with client.get(url) as response:
+                status = response.status
+                raw = await _body(response, MAX_ANSWER)
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        logger.debug("peer %s: no answer (%s)", api, exc)
+        return None
+    except ValueError as exc:
+        logger.warning("peer %s: %s; ignored", api, exc)
+        return None
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        logger.warning("peer %s: its answer is not JSON (HTTP %d); ignored", api, status)
+        return None
+    node = doc.get("node") if isinstance(doc, dict) else None
+    if not isinstance(node, str) or not 0 < len(node) <= 64 or not node.isalnum():
+        logger.warning("peer %s: its answer names no node (HTTP %d); ignored", api, status)
+        return None
+    if status == 404:
+        try:
+            swarm = swarm_address(doc.get("swarm"))
+        except ManifestError:
+            swarm = None  # it cannot trade pieces; it still counts in the ranking
+        return Answer(api, node, None, swarm)
+    if status != 200:
+        logger.warning("peer %s: HTTP %d for a manifest; ignored", api, status)
+        return None
+    try:
+        manifest = await run_blocking(lane, lambda: parse(doc, api, key, describe))
+    except ManifestError as exc:
+        logger.warning("%s", exc)
+        return None
+    if manifest.node != node:
+        return None
+    return Answer(api, node, manifest, manifest.swarm)
+
+
+async def _body(response: Any, limit: int) -> bytes:
+    """The whole body, as many chunks as it comes in; ValueError past ``limit`` bytes
+    (``content.read(n)`` returns what has arrived, a manifest's first chunk only)."""
+    chunks, total = [], 0
+    async for chunk in response.content.iter_any():
+        total += len(chunk)
+        if total > limit:
+            raise ValueError(f"an answer over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -174,6 +174,12 @@ class SwarmSource(Source):
     def parent(self, url: str) -> str:
         return self.origin.parent(url)
 
+    async def release(self, name: str) -> None:
+        """The file ``name`` is in the cache: its download and scratch copy go."""
+        incoming = self._incoming.pop(name, None)
+        if incoming is not None:
+            await incoming.aclose()
+
     async def aclose(self) -> None:
         """Stop and remove this fetch's downloads (the origin is its owner's to close)."""
         incoming, self._incoming = list(self._incoming.values()), {}
