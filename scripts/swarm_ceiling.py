@@ -46,6 +46,9 @@ def _node(args: argparse.Namespace) -> None:
     }  # fmt: skip
     if args.rqt:
         settings["request_queue_time"] = args.rqt
+    for item in args.set or ():
+        name, _, value = item.partition("=")
+        settings[name] = int(value) if value.lstrip("-").isdigit() else value
     session = lt.session(settings)  # type: ignore[call-overload]
     info = lt.torrent_info(Path(args.torrent).read_bytes())
     params = lt.add_torrent_params()
@@ -104,6 +107,7 @@ def _run(args: argparse.Namespace) -> int:
             folder.mkdir(exist_ok=True)
             cmd = [sys.executable, __file__, "--node", "--host", host, "--torrent", str(torrent),
                    "--folder", str(folder), "--peers", peers, "--rqt", str(args.rqt)]  # fmt: skip
+            cmd += [f"--set={item}" for item in args.set or ()]
             if i:
                 cmd += ["--share", str(i - 1), str(args.nodes - 1)]
                 cmd += ["--shares"] if args.shares else []
@@ -116,6 +120,7 @@ def _run(args: argparse.Namespace) -> int:
         shares = "on" if args.shares else "off"
         print(f"{args.nodes} nodes, {args.size_mib} MiB, {args.rate_mb:g} MB/s links, "
               f"shares={shares}, request_queue_time={args.rqt or 3}")  # fmt: skip
+        print("settings:", " ".join(args.set or ["libtorrent's"]))
         print("downloaders' seconds:", " ".join(f"{t:.1f}" for t in sorted(times)))
         print(f"slowest {max(times):.1f} s: {size / max(times) / 1e6:.1f} MB/s per downloader; "
               f"the seed sent {uploaded / size:.2f}x the file")  # fmt: skip
@@ -133,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate-mb", type=float, default=40, help="MB/s per link each way")
     p.add_argument("--shares", action="store_true", help="downloaders ask for a share first")
     p.add_argument("--rqt", type=int, default=0, help="request_queue_time (0: libtorrent's)")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE", help="a libtorrent setting")
     p.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--host", help=argparse.SUPPRESS)
     p.add_argument("--torrent", help=argparse.SUPPRESS)

@@ -32,10 +32,10 @@ from ..direct_io import fill
 from ..errors import DigestMismatchError
 from ..sources.digests import Digest
 from ..threads import run_blocking
-from .download import Download
+from .download import Download, SwarmError
 from .manifest import FileOffer
 from .session import Swarm
-from .torrents import info_hash
+from .torrents import describe, info_hash
 
 __all__ = ["Follow", "Incoming"]
 
@@ -105,12 +105,20 @@ class Incoming:
 
     async def _start(self) -> Download:
         torrent = await self.follow.torrent(self.name)
+        size = describe(torrent)[1]
+        if size != self.size:  # the followed node has another version of the file now
+            raise SwarmError(
+                f"{self.url}: {self.follow!r} now offers {size} bytes of {self.name}, "
+                f"not the {self.size} it listed"
+            )
         folder = self.scratch / info_hash(torrent)
         download = await self.swarm.download(
             torrent, folder, self.follow.swarm_peers(), self.follow.share
         )
         self._download = download
-        self._fd = await run_blocking(self.lane, lambda: _open_sparse(download.path))
+        self._fd = await run_blocking(
+            self.lane, lambda: _open_sparse(download.path), on_abandon=os.close
+        )
         return download
 
     async def download(self) -> Download:
