@@ -217,15 +217,12 @@ def test_listed_peers_that_are_down_fall_back_to_the_origin(
     assert _swarm_bytes(record)[1] == 0
 
 
-@needs_swarm
-def test_leader_killed_halfway_every_other_node_finishes(
-    origin: Origin, model: Model, make_fleet: MakeFleet
-) -> None:
+def _kill_the_leader_halfway(fleet: Fleet, origin: Origin, model: Model) -> list[int]:
+    """Every node of ``fleet`` (started) asks for the model; the node pulling it from the
+    origin is killed once it holds half; the survivors."""
     from aioloader.swarm.manifest import model_key
     from aioloader.swarm.rendezvous import ranked
 
-    fleet = make_fleet(3, swarm=True)
-    fleet.start()
     url = _url(origin, model)
     ids = {}
     for node in fleet.nodes:
@@ -234,12 +231,21 @@ def test_leader_killed_halfway_every_other_node_finishes(
         ids[body["node"]] = node.index
     leader = ids[ranked(model_key(url), list(ids))[0]]
     origin.hold_after(model.size // 2)
-    for i in range(3):
+    for i in range(len(fleet)):
         fleet.post(i, url, "llm")
     fleet.wait_for(fleet[leader], lambda _: origin.paused, 60, "the origin to hold halfway")
     fleet.kill(leader)
     origin.resume()
-    survivors = [i for i in range(3) if i != leader]
+    return [i for i in range(len(fleet)) if i != leader]
+
+
+@needs_swarm
+def test_leader_killed_halfway_every_other_node_finishes(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    fleet = make_fleet(3, swarm=True)
+    fleet.start()
+    survivors = _kill_the_leader_halfway(fleet, origin, model)
     fleet.wait_all("llm", survivors, seconds=120)
     _identical(fleet, survivors, model, origin)
     assert origin.bytes_total <= 2 * model.size
@@ -252,21 +258,9 @@ def test_followers_leave_a_killed_leader_long_before_the_stall_time(
     """With --swarm-stall 600 the survivors used to wait that long on the dead leader's
     pieces; they notice it stopped answering within seconds, and one of them pulls the
     rest from the origin."""
-    from aioloader.swarm.manifest import model_key
-    from aioloader.swarm.rendezvous import ranked
-
     fleet = make_fleet(3, swarm=True, extra=("--swarm-stall", "600"))
     fleet.start()
-    url = _url(origin, model)
-    ids = {fleet[i].get("/v1/swarm/node")[1]["node"]: i for i in range(3)}
-    leader = ids[ranked(model_key(url), list(ids))[0]]
-    origin.hold_after(model.size // 2)
-    for i in range(3):
-        fleet.post(i, url, "llm")
-    fleet.wait_for(fleet[leader], lambda _: origin.paused, 60, "the origin to hold halfway")
-    fleet.kill(leader)
-    origin.resume()
-    survivors = [i for i in range(3) if i != leader]
+    survivors = _kill_the_leader_halfway(fleet, origin, model)
     fleet.wait_all("llm", survivors, seconds=90)  # not 600
     _identical(fleet, survivors, model, origin)
     assert origin.bytes_total <= 2 * model.size
