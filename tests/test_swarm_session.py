@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("libtorrent")
 
+from aioloader.swarm.manifest import FileOffer
 from aioloader.swarm.session import Swarm, SwarmStalled
 from aioloader.swarm.torrents import info_hash, make_torrent
 
@@ -194,3 +195,115 @@ def test_shares_tile_the_pieces_and_put_their_own_first() -> None:
         firsts = [[p for p, v in enumerate(_share(pieces, i, n)) if v == 7] for i in range(n)]
         assert sorted(p for share in firsts for p in share) == list(range(pieces))
         assert all(set(_share(pieces, i, n)) <= {4, 7} for i in range(n))
+
+
+async def test_a_download_into_a_file_of_its_own_writes_there_only(
+    data: Path, tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    """``into=``: the pieces go straight into a file made and sized by its holder (a
+    cache entry's ``data.partial``), nothing into the download folder; the zeros already
+    in the file are not taken for pieces."""
+    torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    seeder = await _swarm(swarms, 73, [74])
+    leecher = await _swarm(swarms, 74, [73])
+    await seeder.seed(torrent, data)
+    target = tmp_path / "entry" / "data.partial"
+    target.parent.mkdir()
+    target.write_bytes(bytes(SIZE))
+    download = await leecher.download(
+        torrent, tmp_path / "in", [("127.0.0.73", seeder.port)], into=target
+    )
+    assert download.path == target
+    async with asyncio.timeout(60):
+        await download.wait_range(0, SIZE)
+    assert target.read_bytes() == data.read_bytes()
+    assert not (tmp_path / "in").exists()
+    await download.aclose()
+    assert not leecher.seeding(info_hash(torrent))
+
+
+class _Held:
+    """A followed node that published one torrent (what incoming.py's ``Follow`` asks)."""
+
+    def __init__(self, torrent: bytes, swarm: Swarm) -> None:
+        self._torrent, self._swarm = torrent, swarm
+        self.share: tuple[int, int] | None = None
+
+    async def offer(self, name: str) -> FileOffer:
+        raise AssertionError("not asked here")
+
+    async def torrent(self, name: str) -> bytes:
+        return self._torrent
+
+    def swarm_peers(self) -> list[tuple[str, int]]:
+        return [(self._swarm.host, self._swarm.port)]
+
+
+async def test_a_landing_left_by_an_error_writes_nothing_more(
+    data: Path, tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    """A file landing in a cache's file whose fetch fails: when the landing returns,
+    the download is out of the session and the file is left as it was (its holder may
+    discard it or hand it to another process); a landing that ends well lets the
+    download seed on until the file's own torrent replaces it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aioloader.swarm.incoming import Incoming
+
+    torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    seeder = await _swarm(swarms, 75, [76], rate=1_000_000)
+    leecher = await _swarm(swarms, 76, [75])
+    await seeder.seed(torrent, data)
+    target = tmp_path / "entry" / "data.partial"
+    target.parent.mkdir()
+    target.write_bytes(bytes(SIZE))
+    with ThreadPoolExecutor(2) as lane:
+        held = _Held(torrent, seeder)
+        url = "http://origin/model.safetensors"
+        incoming = Incoming(
+            held, leecher, tmp_path / "scratch", lane, url, "model.safetensors", SIZE, None
+        )
+        with pytest.raises(RuntimeError, match="the fetch failed"):
+            async with incoming.landing(target) as lands:
+                assert lands
+                async with asyncio.timeout(60):
+                    await incoming.ready(0, 64 << 10)
+                raise RuntimeError("the fetch failed")
+        assert not leecher.seeding(info_hash(torrent))
+        left = target.read_bytes()
+        assert left[: 64 << 10] == data.read_bytes()[: 64 << 10]
+        assert left != data.read_bytes()  # a 1 MB/s seeder: most of it never came
+        await asyncio.sleep(1.5)
+        assert target.read_bytes() == left
+        assert not (tmp_path / "scratch").exists()
+        await incoming.aclose()
+        assert target.read_bytes() == left  # the holder's file: not removed
+
+        # A read before any landing: the download writes its own copy, the landing
+        # that comes after is refused (its holder copies the bytes instead).
+        again = Incoming(
+            held, leecher, tmp_path / "scratch", lane, url, "model.safetensors", SIZE, None
+        )
+        async with asyncio.timeout(60):
+            await again.ready(0, 1)
+            async with again.landing(target) as lands:
+                assert not lands
+        assert any((tmp_path / "scratch").iterdir())
+        await again.aclose()
+        assert not (tmp_path / "scratch").exists() or not any((tmp_path / "scratch").iterdir())
+
+        # A landing that ends well: the download seeds on (it writes nothing more).
+        whole = tmp_path / "entry" / "whole.partial"
+        whole.write_bytes(bytes(SIZE))
+        done = Incoming(
+            held, leecher, tmp_path / "scratch", lane, url, "model.safetensors", SIZE, None
+        )
+        async with done.landing(whole) as lands:
+            assert lands
+            async with asyncio.timeout(60):
+                await done.ready(0, SIZE)
+        assert whole.read_bytes() == data.read_bytes()
+        assert leecher.seeding(info_hash(torrent))
+        await done.aclose()
+        assert not leecher.seeding(info_hash(torrent))
+        assert whole.read_bytes() == data.read_bytes()

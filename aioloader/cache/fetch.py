@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from ..pace import PACE, Pace
 from ..ranges import split
 from ..redact import redacting_logger
 from ..sources.auto import scheme_of
-from ..sources.base import Blob, Source, aclose_all
+from ..sources.base import Blob, Landing, Source, aclose_all
 from ..sources.schemes import listed, remote_names
 from ..sources.stores import Stores, locate
 from ..tasks import gather
@@ -172,12 +173,15 @@ class Fetcher:
                 self.meter.add(partial.done.total)
                 missing = split(partial.done.missing(version.size), self.piece)
                 downloaded = sum(end - start for start, end in missing)
-                try:
-                    await gather(self._copy(blob, partial, (place, s), e) for s, e in missing)
-                except DigestMismatchError:  # refused by its source: keep none of it
-                    await self._blocking(partial.files.discard, url, "discarding")
-                    raise
-                await self._complete(partial, url, version, published)
+                # A resumed file is read and written as ever: its bytes are in it already.
+                lands = blob.landing(files.partial) if not partial.done else nullcontext()
+                async with lands as landing:
+                    try:
+                        await self._fill(blob, landing, partial, place, missing)
+                    except DigestMismatchError:  # refused by its source: keep none of it
+                        await self._blocking(partial.files.discard, url, "discarding")
+                        raise
+                    await self._complete(partial, url, version, published)
             finally:
                 partial.close()
         finally:
@@ -259,6 +263,30 @@ class Fetcher:
                 await self._blocking(lambda: partial.write(start, [view]), blob.url, "writing")
             finally:
                 self.free.append(buffer)
+        self.meter.add(end - start)
+
+    async def _fill(
+        self,
+        blob: Blob,
+        landing: Landing | None,
+        partial: PartialFile,
+        place: int,
+        missing: list[tuple[int, int]],
+    ) -> None:
+        """Bring the ``missing`` ranges into ``partial``: copied from ``blob``, or taken
+        as its ``landing`` wrote them there."""
+        if landing is None:
+            await gather(self._copy(blob, partial, (place, s), e) for s, e in missing)
+        else:
+            await gather(self._land(landing, partial, blob.url, s, e) for s, e in missing)
+            await landing.verified()
+
+    async def _land(
+        self, landing: Landing, partial: PartialFile, url: str, start: int, end: int
+    ) -> None:
+        """Take bytes ``[start, end)`` into ``partial`` once its blob wrote them there."""
+        await landing.arrived(start, end)
+        await self._blocking(lambda: partial.adopt(start, end), url, "writing")
         self.meter.add(end - start)
 
 

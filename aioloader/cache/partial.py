@@ -247,17 +247,27 @@ class PartialFile:
             while written < view.nbytes:
                 written += os.pwrite(fd, view[written:], position + written)
             position += view.nbytes
-        if position > offset:
-            with self._lock:
-                line = f"{offset} {position}" if digest is None else f"{offset} {position} {digest}"
-                os.write(self._journal, f"{line}\n".encode())
-                self.done.add(offset, position)
-                if digest is not None:
-                    self._checks.add((offset, position, digest))
-            self.heartbeat()
-            if self._direct is None:
-                # The bytes just written are in the page cache: hash them now, not at the end.
-                self._digest.advance(fd, self._present)
+        self._written(fd, offset, position, digest)
+
+    def adopt(self, offset: int, end: int) -> None:
+        """Bytes ``[offset, end)`` were written into ``data.partial`` by its own writer
+        (a swarm download, ``Blob.landing``), each checked on arrival: journal the range
+        and hash on, as ``write`` does after writing."""
+        self._written(self._require(), offset, min(end, self.size))
+
+    def _written(self, fd: int, offset: int, end: int, digest: str | None = None) -> None:
+        if end <= offset:
+            return
+        with self._lock:
+            line = f"{offset} {end}" if digest is None else f"{offset} {end} {digest}"
+            os.write(self._journal, f"{line}\n".encode())
+            self.done.add(offset, end)
+            if digest is not None:
+                self._checks.add((offset, end, digest))
+        self.heartbeat()
+        if self._direct is None:
+            # The bytes just written are in the page cache: hash them now, not at the end.
+            self._digest.advance(fd, self._present)
 
     def read(self, offset: int, buffers: Sequence[memoryview]) -> None:
         """Fill ``buffers`` from bytes already written (see ``done``)."""

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from .digests import Digest
 
-__all__ = ["Blob", "CacheOutcome", "ForwardingBlob", "Source", "aclose_all", "clip"]
+__all__ = ["Blob", "CacheOutcome", "ForwardingBlob", "Landing", "Source", "aclose_all", "clip"]
 
 #: What a cache did for one file of a load: read it from the cache, or filled the cache.
 CacheOutcome = Literal["hit", "miss"]
+
+
+class Landing(Protocol):
+    """A file's bytes written straight into the file a cache fills (``Blob.landing``)."""
+
+    async def arrived(self, start: int, end: int) -> None:
+        """Return once bytes ``[start, end)`` are in the file, checked by their writer."""
+
+    async def verified(self) -> None:
+        """Return once the whole file matches what its origin publishes of it (at once
+        where it publishes nothing); ``DigestMismatchError`` where it does not."""
 
 
 class Blob(ABC):
@@ -61,6 +75,16 @@ class Blob(ABC):
         """Return once a read of the range would not wait for bytes still on their way
         to this machine (a swarm download): a reader holding one of a few read slots
         waits here first, so that ranges that came take the slots. Here: at once."""
+
+    def landing(self, path: Path) -> AbstractAsyncContextManager[Landing | None]:
+        """Write the file's bytes straight into ``path`` (made and sized by the caller,
+        who holds it), where this blob can: the context yields a ``Landing`` and ``path``
+        is written until it exits; it yields None where the bytes are to be read
+        (``read_into``). A swarm download writes into the cache's file this way, so the
+        bytes are written once, not into a scratch copy and then again. An exit by an
+        error stops the writes before it returns. Here: None. A wrapper does not forward
+        it (the bytes would pass it by)."""
+        return contextlib.nullcontext(None)
 
     async def check_unchanged(self) -> None:  # noqa: B027 - optional hook
         """Raise ``ObjectChangedError`` if the file is no longer the version that was

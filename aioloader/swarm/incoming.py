@@ -2,10 +2,14 @@
 
 Its download starts as soon as the file's torrent shows in the followed node's
 manifest, whoever reads it and however many read slots its fetch has: every file of
-the model comes at once, libtorrent sharing the links between them. It lands in the
-scratch folder ``<cache>/.swarm/incoming/<node id>/<info hash>/``, and a byte range is
-readable as soon as its pieces are checked (each against the torrent's merkle tree)
-and written (session.py's ``wait_range``).
+the model comes at once, libtorrent sharing the links between them. It lands straight
+in the cache's file for it (``landing``: the entry's ``data.partial``, made and sized
+by the fetch that holds it), so each byte is written once and the page cache holds one
+copy of it; a file read before its fetch asked for that (the index, read to plan the
+fetch) or whose partial file is resumed lands in the scratch folder
+``<cache>/.swarm/incoming/<node id>/<info hash>/`` instead, and the fetch copies it.
+A byte range is there as soon as its pieces are checked (each against the torrent's
+merkle tree) and written (download.py's ``wait_range``).
 
 A piece hash only says the bytes are the followed node's. Where the origin publishes
 a digest of the file (``Source.publisher_digest``: the Hub's LFS sha256, S3's
@@ -15,15 +19,18 @@ differs is a ``DigestMismatchError``. The cache's fetch discards what it wrote o
 and the coordinator turns to another node or to the origin.
 
 A fetch's blobs of one file (the index is opened to find the shards, then fetched)
-share one ``Incoming``; it goes, download and scratch copy, when the fetch ends.
+share one ``Incoming``; it goes, download and scratch copy, when the fetch ends; a
+landing that a failed fetch leaves takes the download out first, so nothing writes
+the file once its holder lets it go.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Protocol
@@ -94,7 +101,11 @@ class Incoming:
         self.digest = digest
         self._fd: int | None = None
         self._download: Download | None = None
+        self._scratch: Path | None = None  # the download's own folder, if it has one
         loop = asyncio.get_running_loop()
+        # Where the download writes: the cache's file (``landing``), or the scratch
+        # folder (None), decided by whoever comes first.
+        self._target: asyncio.Future[Path | None] = loop.create_future()
         self._started = loop.create_task(self._start(), name=f"aioloader swarm {name}")
         self._hashed: asyncio.Task[str] | None = None
         if digest is not None and digest.running() is not None:
@@ -111,15 +122,41 @@ class Incoming:
                 f"{self.url}: {self.follow!r} now offers {size} bytes of {self.name}, "
                 f"not the {self.size} it listed"
             )
+        target = await self._target
         folder = self.scratch / info_hash(torrent)
         download = await self.swarm.download(
-            torrent, folder, self.follow.swarm_peers(), self.follow.share
+            torrent, folder, self.follow.swarm_peers(), self.follow.share, into=target
         )
         self._download = download
+        if target is None:
+            self._scratch = folder
         self._fd = await run_blocking(
-            self.lane, lambda: _open_sparse(download.path), on_abandon=os.close
+            self.lane, lambda: _open_sparse(download.path, target is None), on_abandon=os.close
         )
         return download
+
+    def _settle(self) -> None:
+        """A read before any ``landing``: the download goes to the scratch folder."""
+        if not self._target.done():
+            self._target.set_result(None)
+
+    @contextlib.asynccontextmanager
+    async def landing(self, path: Path) -> AsyncIterator[bool]:
+        """Download into ``path`` (the cache's file for it, made and sized) rather than a
+        scratch copy: True, unless a read came first and the download writes its own
+        copy (the index, read to plan the fetch). An exit by an error takes the download
+        out of the session, its writes ended, before it returns: the file is its
+        holder's again."""
+        if not self._target.done():
+            self._target.set_result(path)
+        if self._target.result() != path:
+            yield False
+            return
+        try:
+            yield True
+        except BaseException:
+            await self._stop()
+            raise
 
     async def download(self) -> Download:
         """The download, once started (the followed node published the torrent)."""
@@ -127,6 +164,7 @@ class Incoming:
 
     async def ready(self, start: int, end: int) -> Download:
         """Return once bytes ``[start, end)`` are checked and written."""
+        self._settle()
         download = await self.download()
         await download.wait_range(start, end)
         return download
@@ -199,6 +237,13 @@ class Incoming:
 
     async def aclose(self) -> None:
         """Stop the download and the hash, remove the scratch copy; idempotent."""
+        await self._stop()
+        folder, self._scratch = self._scratch, None
+        if folder is not None:
+            await run_blocking(self.lane, lambda: shutil.rmtree(folder, ignore_errors=True))
+
+    async def _stop(self) -> None:
+        """Stop the download (returns once it writes nothing more) and the hash."""
         tasks = [t for t in (self._started, self._hashed) if t is not None]
         for task in tasks:
             task.cancel()
@@ -212,11 +257,11 @@ class Incoming:
         download, self._download = self._download, None
         if download is not None:
             await download.aclose()
-            folder = download.path.parent
-            await run_blocking(self.lane, lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
-def _open_sparse(path: Path) -> int:
+def _open_sparse(path: Path, make: bool) -> int:
+    if not make:  # the cache's file, made by its holder
+        return os.open(path, os.O_RDONLY)
     path.parent.mkdir(parents=True, exist_ok=True)
     # libtorrent makes the file as pieces arrive; open it (sparse) to read them back.
     return os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)

@@ -131,6 +131,16 @@ class Swarm:
         self._allowed = sorted(set(ips))
         await run_blocking(self.lane, self._filter)
 
+    def _remove(self, key: str, handle: Any) -> None:
+        """Take a torrent out and wait until it is gone (its writes ended: libtorrent
+        lets a torrent go once its storage stopped)."""
+        self._session.remove_torrent(handle)
+        deadline = time.monotonic() + 10
+        while handle.is_valid():
+            if time.monotonic() > deadline:
+                raise SwarmError(f"swarm torrent {key[:12]}: not removed within 10 s")
+            time.sleep(0.005)
+
     def _add(self, torrent: bytes, folder: Path, name: str | None, seed: bool) -> Any:
         lt = libtorrent()
         key = info_hash(torrent)
@@ -138,20 +148,21 @@ class Swarm:
         if old is not None:
             # Removal is asynchronous: a torrent added again before it is gone would get
             # the old, dying handle back (and "invalid torrent handle" on its next use).
-            self._session.remove_torrent(old)
-            deadline = time.monotonic() + 10
-            while old.is_valid():
-                if time.monotonic() > deadline:
-                    raise SwarmError(f"swarm torrent {key[:12]}: not removed within 10 s")
-                time.sleep(0.005)
+            self._remove(key, old)
         params = lt.add_torrent_params()
         params.ti = lt.torrent_info(torrent)
         params.save_path = str(folder)
-        if name is not None:
-            params.renamed_files = {0: name}
         flags = lt.torrent_flags.default_flags & ~lt.torrent_flags.auto_managed
         flags |= lt.torrent_flags.duplicate_is_error
-        params.flags = flags | lt.torrent_flags.seed_mode if seed else flags
+        if name is not None:
+            params.renamed_files = {0: name}
+        if seed:
+            flags |= lt.torrent_flags.seed_mode
+        elif name is not None:
+            # A named file to fetch is the caller's (a cache entry's, made and sized):
+            # none of its pieces is there yet, and hashing it to find out reads it whole.
+            flags |= lt.torrent_flags.no_verify_files
+        params.flags = flags
         handle = self._handles[key] = self._session.add_torrent(params)
         handle.resume()  # not auto-managed: nothing else would start it
         return handle
@@ -168,8 +179,12 @@ class Swarm:
         folder: Path,
         peers: Iterable[tuple[str, int]],
         share: tuple[int, int] | None = None,
+        into: Path | None = None,
     ) -> Download:
         """Start fetching ``torrent`` into ``folder`` from ``peers`` (swarm addresses).
+
+        ``into``: write the file there instead (a cache entry's ``data.partial``, made
+        and sized by its holder); no piece of it is taken for had.
 
         ``share``: ``(i, n)``, this node is the i-th of n fetching the file at once: it
         asks for the i-th n-th of the pieces first. Every peer holds the file's pieces
@@ -180,14 +195,16 @@ class Swarm:
         """
         self._check_open()
 
+        path = folder / describe(torrent)[0] if into is None else into
+
         def add() -> Any:
-            handle = self._add(torrent, folder, None, False)
+            handle = self._add(torrent, path.parent, None if into is None else path.name, False)
             if share is not None:
                 handle.prioritize_pieces(_share(handle.torrent_file().num_pieces(), *share))
             return handle
 
         handle = await run_blocking(self.lane, add)
-        download = Download(self, handle, torrent, folder / describe(torrent)[0])
+        download = Download(self, handle, torrent, path)
         download.connect(peers)
         await run_blocking(self.lane, download._look)  # connects now
         return download
@@ -202,11 +219,12 @@ class Swarm:
             await self.drop(key, handle)
 
     async def drop(self, key: str, handle: Any) -> None:
-        """Take the torrent ``key`` out, if ``handle`` is still the one held for it."""
+        """Take the torrent ``key`` out, if ``handle`` is still the one held for it;
+        returns once it is gone (it writes nothing more)."""
         if self._handles.get(key) is not handle or self._session is None:
             return  # replaced (by a seed of the same file) or gone
         del self._handles[key]
-        await run_blocking(self.lane, lambda: self._session.remove_torrent(handle))
+        await run_blocking(self.lane, lambda: self._remove(key, handle))
 
     def _check_open(self) -> None:
         if self._session is None:

@@ -17,13 +17,14 @@ Every byte is counted as from the origin or from the peers (``Reads``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..ranges import RangeSet
-from ..sources.base import Blob, ForwardingBlob, Source
+from ..sources.base import Blob, ForwardingBlob, Landing, Source
 from ..sources.digests import Digest
 from .incoming import Follow, Incoming
 from .manifest import FileOffer, file_name
@@ -85,6 +86,20 @@ class _SwarmBlob(Blob):
 
     async def ready(self, offset: int, length: int) -> None:
         await self.incoming.ready(offset, offset + length)
+
+    @contextlib.asynccontextmanager
+    async def landing(self, path: Path) -> AsyncIterator[Landing | None]:
+        async with self.incoming.landing(path) as lands:
+            yield self if lands else None
+
+    async def arrived(self, start: int, end: int) -> None:
+        """Landing: bytes ``[start, end)`` are in the cache's file, checked."""
+        await self.incoming.ready(start, end)
+        self.source.reads.peers += max(0, min(end, self.size) - start)
+
+    async def verified(self) -> None:
+        """Landing: the whole file matches the origin's digest."""
+        await self.incoming.checked()
 
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
         length = await self.incoming.read_into(offset, buffers)
