@@ -182,9 +182,12 @@ def test_cold_cluster_reads_about_one_copy_from_the_origin(
     records = fleet.wait_all("llm", seconds=120)
     _identical(fleet, [0, 1, 2, 3], model, origin)
     assert origin.bytes_total <= 1.05 * model.size
-    # Three of the four nodes had (nearly) everything from their peers.
+    # Each node had (nearly) all it did not pull itself from its peers.
     from_peers = sum(_swarm_bytes(r)[1] for r in records.values())
     assert from_peers >= 3 * 0.95 * model.size
+    # The two shards came from the origin through two nodes' links, not one.
+    pulled = sorted((_swarm_bytes(r)[0] for r in records.values()), reverse=True)
+    assert pulled[1] >= 0.4 * model.size, pulled
 
 
 @needs_swarm
@@ -217,23 +220,47 @@ def test_listed_peers_that_are_down_fall_back_to_the_origin(
     assert _swarm_bytes(record)[1] == 0
 
 
+@needs_swarm
+def test_listed_peers_that_fetch_nothing_leave_the_split_in_one_try(
+    origin: Origin, model: Model, make_fleet: MakeFleet
+) -> None:
+    """Nodes 1 to 4 are up and asked for nothing: node 0 counts them in its first
+    split (they may be about to ask), finds the first one it follows fetching nothing,
+    and asks all again: the four are out at once, not one try each."""
+    fleet = make_fleet(5, swarm=True)
+    fleet.start()
+    fleet.post(0, _url(origin, model), "llm")
+    record = fleet.wait_ready(0, "llm", seconds=90)
+    _identical(fleet, [0], model, origin)
+    assert model.size <= origin.bytes_total <= 1.05 * model.size
+    assert _swarm_bytes(record)[1] == 0
+    drops = [line for line in fleet[0].output().splitlines() if ": dropping <Follow" in line]
+    assert len(drops) <= 1, drops
+
+
 def _kill_the_leader_halfway(fleet: Fleet, origin: Origin, model: Model) -> list[int]:
-    """Every node of ``fleet`` (started) asks for the model; the node pulling it from the
-    origin is killed once it holds half; the survivors."""
+    """Every node of ``fleet`` (started) asks for the model; once the origin has sent
+    half of it, the node that has read most of the files it pulls is killed; the
+    survivors."""
     from aioloader.swarm.manifest import model_key
-    from aioloader.swarm.rendezvous import ranked
 
     url = _url(origin, model)
-    ids = {}
-    for node in fleet.nodes:
-        status, body = node.get("/v1/swarm/node")
-        assert status == 200, body
-        ids[body["node"]] = node.index
-    leader = ids[ranked(model_key(url), list(ids))[0]]
     origin.hold_after(model.size // 2)
     for i in range(len(fleet)):
         fleet.post(i, url, "llm")
-    fleet.wait_for(fleet[leader], lambda _: origin.paused, 60, "the origin to hold halfway")
+    fleet.wait_for(fleet[0], lambda _: origin.paused, 60, "the origin to hold halfway")
+    key = model_key(url)
+    pulled: dict[int, int] = {}
+
+    def pulling(_: object) -> bool:  # a node's manifest shows what it read of its files
+        for node in fleet.nodes:
+            status, body = node.get(f"/v1/swarm/models/{key}")
+            files = body.get("files", []) if status == 200 else []
+            pulled[node.index] = sum(f["done"] for f in files if not f.get("torrent"))
+        return max(pulled.values()) > 0
+
+    fleet.wait_for(fleet[0], pulling, 30, "a node's manifest to show origin bytes")
+    leader = max(pulled, key=lambda i: pulled[i])
     fleet.kill(leader)
     origin.resume()
     return [i for i in range(len(fleet)) if i != leader]

@@ -47,6 +47,38 @@ def test_rendezvous_moves_only_what_the_gone_node_led() -> None:
     assert 10 < len(moved) < 45  # n0 led about an eighth
 
 
+def test_the_files_of_a_cold_split_are_dealt_out_evenly_and_alike() -> None:
+    """Rendezvous hashing alone gave one node of eight four of eight shards (its links
+    set the cluster's pace); the deal gives each node one, every node computes the same
+    deal whatever order it names the files in, and a file routed before the deal (the
+    index, read to find the shards) keeps its node."""
+    from aioloader.swarm.plan import Plan
+
+    key = model_key("s3://bucket/llm/model.safetensors.index.json")
+    nodes = [f"node{i}" for i in range(8)]
+    shards = [f"model-{i:05d}-of-00008.safetensors" for i in range(1, 9)]
+    alone = Plan(key, "node0", nodes, {})
+    assert (
+        max(sum(alone.leader(s) == n for s in shards) for n in nodes) > 1
+    )  # what the deal mends, for this key
+    index = "model.safetensors.index.json"
+    first = ranked(f"{key}/{index}", nodes)[0]
+    deals = []
+    for names in (shards, shards[::-1]):
+        plan = Plan(key, first, nodes, {})  # the node that pulls the index: no Follower
+        assert plan(index) is None  # routed first, as the fetch reads it first
+        plan.expect([index, *names])
+        deals.append({s: plan.leader(s) for s in shards})
+        assert plan.leader(index) == first
+    assert deals[0] == deals[1]
+    assert sorted(deals[0].values()) == nodes
+    # Twelve files over five nodes: two or three each.
+    plan = Plan(key, "node0", nodes[:5], {})
+    plan.expect([f"f{i}" for i in range(12)])
+    counts = [sum(plan.leader(f"f{i}") == n for i in range(12)) for n in nodes[:5]]
+    assert sorted(counts) == [2, 2, 2, 3, 3]
+
+
 # -- peers ---------------------------------------------------------------------------
 
 

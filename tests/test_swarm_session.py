@@ -227,6 +227,7 @@ class _Held:
 
     def __init__(self, torrent: bytes, swarm: Swarm) -> None:
         self._torrent, self._swarm = torrent, swarm
+        self.node = "seeder"
         self.share: tuple[int, int] | None = None
 
     async def offer(self, name: str) -> FileOffer:

@@ -104,19 +104,20 @@ class Fetcher:
     async def run(self, urls: list[str]) -> dict[str, tuple[int, int]]:
         """Every file complete; returns url -> (size, bytes downloaded)."""
         blobs: dict[str, Blob] = {}
-
-        async def probe(url: str) -> None:
-            async with self.limiter.turn((-1, 0)):
-                blobs[url] = await self.source.open(url)
-
         results: dict[str, tuple[int, int]] = {}
+
+        async def one(place: int, url: str) -> None:
+            # Each file goes on once it is open, not once every file is: a file another
+            # node lists only once it has a file from this one (a swarm) must not wait
+            # for this node's other files.
+            await self.source.ready(url)
+            async with self.limiter.turn((-1, 0)):
+                blob = blobs[url] = await self.source.open(url)
+            self.meter.total += blob.size
+            results[url] = (blob.size, await self._file(blob, place))
+
+        self.source.expect(urls)
         try:
-            await gather(probe(u) for u in urls)
-            self.meter.total = sum(b.size for b in blobs.values())
-
-            async def one(place: int, url: str) -> None:
-                results[url] = (blobs[url].size, await self._file(blobs[url], place))
-
             await gather(one(i, u) for i, u in enumerate(urls))
         finally:
             await aclose_all(blobs.values())

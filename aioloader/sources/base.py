@@ -153,6 +153,15 @@ class Source(ABC):
     async def open(self, url: str) -> Blob:
         """Open the file at ``url`` for range reads."""
 
+    def expect(self, urls: list[str]) -> None:  # noqa: B027 - optional hook
+        """The files a fetch is about to open, all of them (a swarm splits them among its
+        nodes). Here: nothing to do."""
+
+    async def ready(self, url: str) -> None:  # noqa: B027 - optional hook
+        """Return once ``open(url)`` would not wait for another node to list the file (a
+        swarm's followed node): a caller holding one of a few slots waits here first.
+        Here: at once."""
+
     async def read_file(self, url: str) -> bytes:
         """The whole small file at ``url`` (an index): opened, read and closed here; a
         local source reads it with aiofiles instead (small_files.py)."""

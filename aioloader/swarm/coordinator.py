@@ -1,4 +1,5 @@
-"""Per model, whom a daemon follows, or whether it pulls from the origin itself.
+"""Per model, and per file of it, whom a daemon follows, or whether it pulls from the
+origin itself.
 
 ``Coordinator.fetch(url)``:
 
@@ -7,14 +8,16 @@
    ask again for up to ``SETTLE`` times ``wait`` (a cold cluster's daemons start
    within seconds of each other: one not listening yet must not be ranked out; a
    peer that never comes costs that much, once);
-2. a peer that holds the model, or pulls it from the origin, is followed (complete
-   first); a peer that follows another is never followed (two nodes could each wait
-   for the other): its manifest says ``following``;
-3. nobody has it: the nodes that answered and this one are ranked (rendezvous.py);
-   the first pulls from the origin and publishes each file as it commits, the others
-   follow it (polling its manifest until it has one);
-4. the followed node stalls, goes away or sends bytes the cache refuses: it is
-   dropped and the rest ranked again, which may make this node the one to pull from
+2. a peer that holds the model whole is followed for every file (``Plan.whole``);
+3. nobody holds it (a cold cluster): the nodes that answered, but those following a
+   holder, and this one split the files: each file is pulled from the origin by the
+   first node of its own ranking (rendezvous.py, keyed by model and file name), who
+   publishes its torrent as soon as it commits it, and every other node follows that
+   node for that file. Every node's link to the origin works at once and each file
+   leaves the origin once; a model of one file has one leader. A node in the split
+   says ``fetching``; one following a holder says ``following`` and leads nothing;
+4. a followed node stalls, goes away or sends bytes the cache refuses: it is dropped
+   and the rest ranked again, which may make this node the one to pull its files from
    the origin (files already in the cache are not fetched again).
 
 After a fetch, this node offers every file of the model (seeded from its cache
@@ -37,7 +40,7 @@ from ..errors import LoaderError
 from ..redact import redacting_logger
 from ..sources.base import Source
 from ..threads import Lane, run_blocking
-from .follower import Answer, Follower, ask, known_torrent, leads, share_of
+from .follower import Answer, Follower, ask, known_torrent, leads
 from .held import Held, HeldFile
 from .manifest import (
     FileOffer,
@@ -47,7 +50,7 @@ from .manifest import (
     model_key,
 )
 from .peers import PeerAddress, resolve
-from .rendezvous import ranked
+from .plan import Plan, share_of, watched
 from .session import Swarm, SwarmError
 from .source import Reads, SwarmSource
 from .torrents import info_hash, make_torrent
@@ -57,7 +60,6 @@ __all__ = ["Coordinator", "Follower"]
 logger = redacting_logger(__name__)
 
 SETTLE = 5  # times ``wait``: how long silent peers are asked again before ranking
-LEAD_CHUNK = 8 << 20  # the largest origin read of a leader (see _leading)
 HELD_CHECK = 5.0  # seconds between looks at the seeded files, for other processes' removals
 
 
@@ -183,32 +185,37 @@ class Coordinator:
         return noted
 
     def _attempt(
-        self, key: str, reads: Reads, follow: Follower | None
-    ) -> tuple[Callable[[Source, Executor], Source], Callable[[str, Path, Any], Awaitable[None]]]:
-        """A try's source hook (the origin behind a SwarmSource) and on_file callback."""
+        self, key: str, reads: Reads, plan: Plan
+    ) -> tuple[
+        Callable[[Source, Executor], Source],
+        Callable[[str, Path, Any], Awaitable[None]],
+        list[SwarmSource],
+    ]:
+        """A try's source hook (the origin behind a SwarmSource), on_file callback, and
+        the sources the hook made."""
         made: list[SwarmSource] = []
 
         def hook(origin: Source, lane: Executor) -> Source:
             made.append(
-                SwarmSource(origin, lane, self.swarm, self.scratch, reads, follow, self._note(key))
+                SwarmSource(origin, lane, self.swarm, self.scratch, reads, plan, self._note(key))
             )
             return made[-1]
 
-        return hook, self._on_file(key, follow, made)
+        return hook, self._on_file(key, plan, made), made
 
     def _on_file(
-        self, key: str, follow: Follower | None = None, sources: list[SwarmSource] | None = None
+        self, key: str, plan: Plan | None = None, sources: list[SwarmSource] | None = None
     ) -> Callable[[str, Path, Any], Awaitable[None]]:
         async def on_file(url: str, data: Path, version: Any) -> None:
-            size, etag = version.size, version.etag
-            known = known_torrent(follow, file_name(url), size, etag)
+            size, etag, name = version.size, version.etag, file_name(url)
+            known = known_torrent(plan(name) if plan else None, name, size, etag)
             try:
                 await self._publish(key, url, data, size, etag, version.last_modified, known)
             finally:
-                # Seeded from the cache entry now: its scratch copy goes at once, most of
-                # it before the kernel writes it back to disk.
+                # Seeded from the cache entry now: its download goes (and a scratch copy
+                # at once, most of it before the kernel writes it back to disk).
                 for source in sources or ():
-                    await source.release(file_name(url))
+                    await source.release(name)
 
         return on_file
 
@@ -261,35 +268,34 @@ class Coordinator:
         self, key: str, url: str, fetch: Callable[..., Awaitable[Any]], **kwargs: Any
     ) -> Any:
         reads = self.reads.setdefault(key, Reads())  # over every try of the model
-        self.manifests.setdefault(key, Manifest(key, url, self.node, self.advertised))
+        manifest = self.manifests.setdefault(key, Manifest(key, url, self.node, self.advertised))
+        if manifest.state != "complete":
+            # It takes part in the split unless a node holds the model (then it follows).
+            self.manifests[key] = replace(manifest, state="fetching")
         answers = await self._survey(key)
         dead: set[str] = set()
         while True:
-            follow = self._choose(key, answers, dead)
-            if follow is not None:
-                # Every node that answered trades pieces, not only the followed one: the
-                # followers' uploads add up, where the leader's alone would be the limit.
-                follow.others = [a.swarm for a in answers if a.swarm and a.node != follow.node]
-                follow.share = share_of(self.node, answers, follow.node, dead)
+            plan = self._plan(key, answers, dead)
             if self.manifests[key].state != "complete":
-                state: State = "following" if follow is not None else "fetching"
+                state: State = "following" if plan.whole is not None else "fetching"
                 self.manifests[key] = replace(self.manifests[key], state=state)
-            logger.info(
-                "%s: %s", url, f"following {follow!r}" if follow else "pulling from the origin"
-            )
-
-            hook, on_file = self._attempt(key, reads, follow)
+            logger.info("%s: %s", url, plan)
+            hook, on_file, made = self._attempt(key, reads, plan)
             try:
-                if follow is None:
-                    cached = await fetch(url, source=hook, on_file=on_file, **_leading(kwargs))
-                else:
-                    work = fetch(url, source=hook, on_file=on_file, **kwargs)
-                    cached = await _watched(work, follow)
+                work = fetch(url, source=hook, on_file=on_file, **plan.options(kwargs))
+                followed = list(plan.followers.values())
+                cached = await (watched(work, followed) if followed else work)
             except (SwarmError, LoaderError) as exc:
-                if follow is None:
+                culprit = plan.culprit(exc, made)
+                if culprit is None:
                     raise
-                logger.warning("%s: dropping %r: %s", url, follow, exc)
-                dead.add(follow.node)
+                logger.warning("%s: dropping %r: %s", url, plan.followers[culprit], exc)
+                dead.add(culprit)
+                # Asked again: a listed node that still fetches nothing is out of the
+                # split now (the first plan counts it: it may have been asked a moment
+                # before its own request came), not dropped one try at a time.
+                answers = await self._survey(key)
+                dead |= {a.node for a in answers if a.manifest is None}
                 continue
             break
         await self._seed_all(key, cached)
@@ -315,17 +321,34 @@ class Coordinator:
         asks' worth, at least 3 s (a daemon answers at once, its loop never blocks)."""
         return max(3 * self.wait, 3.0)
 
-    def _choose(self, key: str, answers: list[Answer], dead: set[str]) -> Follower | None:
+    def _plan(self, key: str, answers: list[Answer], dead: set[str]) -> Plan:
         alive = [a for a in answers if a.node not in dead]
-        holders = [a for a in alive if leads(a)]
+        swarms = [a.swarm for a in alive if a.swarm]
+        holders = [a for a in alive if a.manifest is not None and a.manifest.state == "complete"]
         if holders:
-            holders.sort(key=lambda a: (a.manifest.state != "complete", a.node))  # type: ignore[union-attr]
-            return Follower(holders[0], key, self.ask, self.swarm.stall, self._gone())
-        leader = ranked(key, [a.node for a in alive] + [self.node])[0]
-        if leader == self.node:
-            return None
-        chosen = next(a for a in alive if a.node == leader)
-        return Follower(chosen, key, self.ask, self.swarm.stall, self._gone())
+            holder = min(holders, key=lambda a: a.node)
+            follow = Follower(holder, key, self.ask, self.swarm.stall, self._gone())
+            follow.others = [s for s in swarms if s != holder.swarm]
+            follow.share = share_of(self.node, [a.node for a in alive], holder.node)
+            return Plan(key, self.node, [self.node], {holder.node: follow}, whole=follow)
+        # A node following a holder leads nothing: it is not counted in the split.
+        split = [a for a in alive if a.manifest is None or a.manifest.state != "following"]
+        cohort = sorted({a.node for a in split} | {self.node})
+        followers = {}
+        for answer in split:
+            follow = Follower(answer, key, self.ask, self.swarm.stall, self._gone())
+            follow.others = [s for s in swarms if s != answer.swarm]
+            follow.share = share_of(self.node, cohort, answer.node)
+            followers[answer.node] = follow
+        # A file a node lists already (it holds it, or pulls it from the origin) is
+        # followed there, whatever the ranking says: a node that joins a split late
+        # pulls nothing twice.
+        listed: dict[str, str] = {}
+        for answer in sorted(split, key=lambda a: a.node):
+            for offer in answer.manifest.files if answer.manifest else ():
+                if offer.torrent is not None or offer.name not in listed:
+                    listed[offer.name] = answer.node
+        return Plan(key, self.node, cohort, followers, listed=listed)
 
     async def _seed_all(self, key: str, cached: Any) -> None:
         manifest = self.manifests[key]
@@ -338,40 +361,6 @@ class Coordinator:
             data = Path(path)
             size, etag, modified = await run_blocking(self._lane, partial(_version, data))
             await self._publish(key, url, data, size, etag, modified)
-
-
-async def _watched(work: Awaitable[Any], follow: Follower) -> Any:
-    """``work``'s result; it is cancelled, and the SwarmError raised, once ``follow``'s
-    node is gone (``Follower.watch``)."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(follow.watch())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            task.cancel()
-            await asyncio.wait([task])
-        if task.cancelled():
-            watch.result()  # the SwarmError that ended it
-        return task.result()
-    finally:
-        for left in (watch, task):
-            left.cancel()
-        await asyncio.wait([watch, task])
-        if not watch.cancelled():
-            watch.exception()  # raised above, or nobody needs it
-
-
-def _leading(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A leader's fetch: it reads the origin in ranges of ``LEAD_CHUNK`` bytes at most, so
-    that its reads in flight span fewer files, and its first files commit, and reach the
-    followers, sooner (16 reads of 16 MiB spanned two 128 MiB shards)."""
-    if "options" in kwargs or "limits" in kwargs:
-        return kwargs
-    from ..options import LoadOptions
-
-    chunk = LoadOptions.build(chunk_size=kwargs.get("chunk_size")).limits
-    assert chunk is not None
-    return {**kwargs, "chunk_size": min(int(chunk.chunk_size), LEAD_CHUNK)}
 
 
 def _version(data: Path) -> tuple[int, Any, Any]:

@@ -20,7 +20,7 @@ from .download import SwarmError, SwarmStalled
 from .manifest import FileOffer, Manifest, ManifestError, parse, swarm_address
 from .torrents import describe
 
-__all__ = ["MAX_ANSWER", "Answer", "Follower", "ask", "known_torrent", "leads", "share_of"]
+__all__ = ["MAX_ANSWER", "Answer", "Follower", "ask", "known_torrent", "leads"]
 
 _POLL = 0.25  # seconds between looks at a followed node's manifest
 _WATCH = 0.5  # seconds between looks at a followed node while a fetch follows it
@@ -148,14 +148,6 @@ def known_torrent(follow: Follower | None, name: str, size: int, etag: Any) -> b
 def leads(answer: Answer) -> bool:
     """Whether ``answer``'s node holds the model or pulls it from the origin."""
     return answer.manifest is not None and answer.manifest.state != "following"
-
-
-def share_of(node: str, answers: list[Answer], followed: str, dead: set[str]) -> tuple[int, int]:
-    """Which share of each file this node asks the followed one for first, of how many:
-    the nodes that answered, but the followed and the dropped ones, in node order
-    (each node sees about the same ones, and the shares need not tile exactly)."""
-    followers = sorted({a.node for a in answers if a.node not in dead | {followed}} | {node})
-    return followers.index(node), len(followers)
 
 
 async def ask(client: Any, api: str, key: str, wait: float, lane: Executor) -> Answer | None:

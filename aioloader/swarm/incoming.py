@@ -52,6 +52,8 @@ _BLOCK = 8 << 20  # bytes hashed at a time
 class Follow(Protocol):
     """The node a fetch follows (coordinator.py): its files, as its manifest shows them."""
 
+    node: str  # its id
+
     async def offer(self, name: str) -> FileOffer:
         """The file ``name``, once the manifest lists it (SwarmStalled: it did not)."""
 

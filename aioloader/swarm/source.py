@@ -18,11 +18,13 @@ Every byte is counted as from the origin or from the peers (``Reads``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
+from ..errors import LoaderError
 from ..ranges import RangeSet
 from ..sources.base import Blob, ForwardingBlob, Landing, Source
 from ..sources.digests import Digest
@@ -30,7 +32,17 @@ from .incoming import Follow, Incoming
 from .manifest import FileOffer, file_name
 from .session import Swarm
 
-__all__ = ["Follow", "Reads", "SwarmSource"]
+__all__ = ["Follow", "Reads", "Route", "SwarmSource"]
+
+
+class Route(Protocol):
+    """Whom a fetch follows for each file (coordinator.py's ``Plan``)."""
+
+    def __call__(self, name: str) -> Follow | None:
+        """The node followed for the file ``name``; None: read the origin."""
+
+    def expect(self, names: list[str]) -> None:
+        """The names of every file of the fetch."""
 
 
 @dataclass
@@ -85,7 +97,8 @@ class _SwarmBlob(Blob):
         return f"<SwarmBlob {self.incoming!r}>"
 
     async def ready(self, offset: int, length: int) -> None:
-        await self.incoming.ready(offset, offset + length)
+        with self.source.blaming(self.incoming.follow):
+            await self.incoming.ready(offset, offset + length)
 
     @contextlib.asynccontextmanager
     async def landing(self, path: Path) -> AsyncIterator[Landing | None]:
@@ -94,19 +107,22 @@ class _SwarmBlob(Blob):
 
     async def arrived(self, start: int, end: int) -> None:
         """Landing: bytes ``[start, end)`` are in the cache's file, checked."""
-        await self.incoming.ready(start, end)
+        with self.source.blaming(self.incoming.follow):
+            await self.incoming.ready(start, end)
         self.source.reads.peers += max(0, min(end, self.size) - start)
 
     async def verified(self) -> None:
         """Landing: the whole file matches the origin's digest."""
-        await self.incoming.checked()
+        with self.source.blaming(self.incoming.follow):
+            await self.incoming.checked()
 
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        length = await self.incoming.read_into(offset, buffers)
-        self.source.reads.peers += length
-        self._read.add(offset, offset + length)
-        if self._read.covers(0, self.size):
-            await self.incoming.checked()
+        with self.source.blaming(self.incoming.follow):
+            length = await self.incoming.read_into(offset, buffers)
+            self.source.reads.peers += length
+            self._read.add(offset, offset + length)
+            if self._read.covers(0, self.size):
+                await self.incoming.checked()
 
     async def read_bytes(self, offset: int, length: int) -> bytes:
         buffer = bytearray(max(0, min(length, self.size - offset)))
@@ -126,8 +142,12 @@ class SwarmSource(Source):
         swarm: the daemon's session.
         scratch: where downloads land before the cache copies them.
         reads: where bytes are counted.
-        follow: the node followed (None: read the origin).
+        route: the node followed for a file's name (None: read the origin); its
+            ``expect(names)`` is told the names of every file of the fetch.
         noted: called with each file the origin opened (the leader's manifest).
+
+    ``blamed``: the first followed node whose file failed (a stall, an error, a copy
+    the cache refused), for the coordinator to drop.
     """
 
     def __init__(
@@ -137,7 +157,7 @@ class SwarmSource(Source):
         swarm: Swarm,
         scratch: Path,
         reads: Reads,
-        follow: Follow | None,
+        route: Route,
         noted: Callable[[FileOffer], None],
     ) -> None:
         self.origin = origin
@@ -145,21 +165,34 @@ class SwarmSource(Source):
         self.swarm = swarm
         self.scratch = scratch
         self.reads = reads
-        self.follow = follow
+        self.route = route
         self.noted = noted
+        self.blamed: str | None = None
         self.etag_is_md5 = origin.etag_is_md5
         self._incoming: dict[str, Incoming] = {}  # name -> its download, for this fetch
 
     def __repr__(self) -> str:
-        return f"<SwarmSource follow={self.follow!r} origin={self.origin!r}>"
+        return f"<SwarmSource origin={self.origin!r}>"
 
     async def list_dir(self, url: str) -> list[str] | None:
         return await self.origin.list_dir(url)
 
+    def expect(self, urls: list[str]) -> None:
+        self.route.expect([file_name(u) for u in urls])
+
+    async def ready(self, url: str) -> None:
+        name = file_name(url)
+        follow = self.route(name)
+        if follow is not None:
+            with self.blaming(follow):
+                await follow.offer(name)
+
     async def open(self, url: str) -> Blob:
         name = file_name(url)
-        if self.follow is not None:
-            offer = await self.follow.offer(name)
+        follow = self.route(name)
+        if follow is not None:
+            with self.blaming(follow):
+                offer = await follow.offer(name)
             incoming = self._incoming.get(name)
             if incoming is None or incoming.size != offer.size:
                 digest = await self.origin.publisher_digest(url)
@@ -168,7 +201,7 @@ class SwarmSource(Source):
                     if incoming is not None:
                         await incoming.aclose()
                     incoming = self._incoming[name] = Incoming(
-                        self.follow, self.swarm, self.scratch, self.lane,
+                        follow, self.swarm, self.scratch, self.lane,
                         url, name, offer.size, digest,
                     )  # fmt: skip
             return _SwarmBlob(self, incoming, offer)
@@ -188,6 +221,16 @@ class SwarmSource(Source):
 
     def parent(self, url: str) -> str:
         return self.origin.parent(url)
+
+    @contextlib.contextmanager
+    def blaming(self, follow: Follow) -> Iterator[None]:
+        """Note ``follow``'s node as ``blamed`` when the block fails (first one only)."""
+        try:
+            yield
+        except LoaderError:
+            if self.blamed is None:
+                self.blamed = follow.node
+            raise
 
     async def release(self, name: str) -> None:
         """The file ``name`` is in the cache: its download and scratch copy go."""
