@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -16,6 +17,7 @@ from aioloader.swarm.session import Swarm, SwarmStalled
 from aioloader.swarm.torrents import info_hash, make_torrent
 
 SIZE = 3 << 20
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -239,6 +241,9 @@ class _Held:
     def swarm_peers(self) -> list[tuple[str, int]]:
         return [(self._swarm.host, self._swarm.port)]
 
+    async def unless_gone(self, work: Awaitable[T]) -> T:
+        return await work  # it never goes
+
 
 async def test_a_landing_left_by_an_error_writes_nothing_more(
     data: Path, tmp_path: Path, swarms: list[Swarm]
@@ -308,3 +313,22 @@ async def test_a_landing_left_by_an_error_writes_nothing_more(
         await done.aclose()
         assert not leecher.seeding(info_hash(torrent))
         assert whole.read_bytes() == data.read_bytes()
+
+
+async def test_a_file_this_node_seeds_is_read_where_it_is_seeded(
+    data: Path, tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    """A fetch tried again may follow another node for a file this one has committed
+    since, while that node does the same: each download used to replace the node's own
+    seed of the file, and the two waited for each other until the stall time. Now the
+    seeded copy is read, and stays seeded."""
+    torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    node = await _swarm(swarms, 77, [78])
+    await node.seed(torrent, data)
+    download = await node.download(torrent, tmp_path / "in", [("127.0.0.78", 6881)])
+    assert download.path == data
+    async with asyncio.timeout(10):  # nobody at 127.0.0.78: only the seed can answer
+        await download.wait_range(0, SIZE)
+    await download.aclose()
+    assert node.seeding(info_hash(torrent))
+    assert not (tmp_path / "in").exists()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Limits
-from ..errors import CacheError, ConfigError, DigestMismatchError
+from ..errors import CacheError, ConfigError, DetourError, DigestMismatchError
 from ..layout import resolve_layout
 from ..options import LoadOptions
 from ..pace import PACE, Pace
@@ -105,22 +105,28 @@ class Fetcher:
         """Every file complete; returns url -> (size, bytes downloaded)."""
         blobs: dict[str, Blob] = {}
         results: dict[str, tuple[int, int]] = {}
+        detours: list[DetourError] = []
 
         async def one(place: int, url: str) -> None:
             # Each file goes on once it is open, not once every file is: a file another
             # node lists only once it has a file from this one (a swarm) must not wait
             # for this node's other files.
-            await self.source.ready(url)
-            async with self.limiter.turn((-1, 0)):
-                blob = blobs[url] = await self.source.open(url)
-            self.meter.total += blob.size
-            results[url] = (blob.size, await self._file(blob, place))
+            try:
+                await self.source.ready(url)
+                async with self.limiter.turn((-1, 0)):
+                    blob = blobs[url] = await self.source.open(url)
+                self.meter.total += blob.size
+                results[url] = (blob.size, await self._file(blob, place))
+            except DetourError as exc:  # the others finish first (their reads are not lost)
+                detours.append(exc)
 
         self.source.expect(urls)
         try:
             await gather(one(i, u) for i, u in enumerate(urls))
         finally:
             await aclose_all(blobs.values())
+        if detours:
+            raise detours[0]
         return results
 
     async def _blocking(

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import SourceError
+from ..errors import DetourError
 from ..threads import Lane, run_blocking
 from .torrents import describe, info_hash
 
@@ -25,8 +25,9 @@ _POLL = 0.05  # seconds between looks at a download's pieces
 _RECONNECT = 2.0  # seconds between connection attempts to peers a download lacks
 
 
-class SwarmError(SourceError):
-    """The swarm cannot give a file (a torrent error, a closed session)."""
+class SwarmError(DetourError):
+    """The swarm cannot give a file (a torrent error, a closed session, the node it
+    follows gone): the file comes another way on the next try."""
 
 
 class SwarmStalled(SwarmError, TimeoutError):
@@ -50,8 +51,11 @@ class Host(Protocol):
 class Download:
     """One file coming from the swarm into ``path``."""
 
-    def __init__(self, swarm: Host, handle: Any, torrent: bytes, path: Path) -> None:
+    def __init__(
+        self, swarm: Host, handle: Any, torrent: bytes, path: Path, owned: bool = True
+    ) -> None:
         self.swarm = swarm
+        self.owned = owned  # False: the session's seed of the file, left to it at ``aclose``
         self.handle = handle
         self.info_hash = info_hash(torrent)
         self.path = path
@@ -159,4 +163,5 @@ class Download:
 
     async def aclose(self) -> None:
         """Take the download out of the session (its file stays; idempotent)."""
-        await self.swarm.drop(self.info_hash, self.handle)
+        if self.owned:
+            await self.swarm.drop(self.info_hash, self.handle)

@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..redact import redacting_logger
 from ..threads import run_blocking
@@ -21,6 +21,8 @@ from .manifest import FileOffer, Manifest, ManifestError, parse, swarm_address
 from .torrents import describe
 
 __all__ = ["MAX_ANSWER", "Answer", "Follower", "ask", "known_torrent", "leads"]
+
+T = TypeVar("T")
 
 _POLL = 0.25  # seconds between looks at a followed node's manifest
 _WATCH = 0.5  # seconds between looks at a followed node while a fetch follows it
@@ -59,6 +61,8 @@ class Follower:
         self.manifest = answer.manifest
         self.others: list[str] = []  # other nodes' swarm addresses, to trade pieces with
         self.share: tuple[int, int] | None = None  # (i, n): the pieces asked for first
+        self.gone: SwarmError | None = None  # set by ``watch``: it went away
+        self._went = asyncio.Event()
         self._asking = asyncio.Lock()
         self._asked = float("-inf")  # when the manifest was last asked for (loop time)
         self._moved = asyncio.get_running_loop().time()  # when it last changed
@@ -81,6 +85,8 @@ class Follower:
             found = ready()
             if found is not None:
                 return found
+            if self.gone is not None:
+                raise self.gone
             if loop.time() - self._moved > self._stall:
                 raise SwarmStalled(f"{self!r}: no {what} for {self._stall:g} s")
             await asyncio.sleep(_POLL)
@@ -101,6 +107,32 @@ class Follower:
         if answer.manifest != self.manifest or answer.manifest.state == "fetching":
             self._moved = loop.time()  # a node pulling from the origin is not stalled
         self.manifest = answer.manifest
+
+    async def unless_gone(self, work: Awaitable[T]) -> T:
+        """``work``'s result, or the ``SwarmError`` of the node gone meanwhile (``work``
+        is cancelled then)."""
+        if self.gone is not None:
+            if asyncio.iscoroutine(work):
+                work.close()
+            raise self.gone
+        task = asyncio.ensure_future(work)
+        went = asyncio.ensure_future(self._went.wait())
+        try:
+            await asyncio.wait({task, went}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            went.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.wait([task])
+        if task.cancelled() and self.gone is not None:
+            raise self.gone
+        return task.result()
+
+    def went(self, error: SwarmError) -> None:
+        """The node went away (``watch``): what waits on it raises ``error`` now."""
+        if self.gone is None:
+            self.gone = error
+            self._went.set()
 
     async def watch(self) -> None:
         """Ask the node about the model every ``_WATCH`` seconds while a fetch follows it;

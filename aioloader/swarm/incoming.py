@@ -30,10 +30,10 @@ import asyncio
 import contextlib
 import os
 import shutil
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..direct_io import fill
 from ..errors import DigestMismatchError
@@ -45,6 +45,8 @@ from .session import Swarm
 from .torrents import describe, info_hash
 
 __all__ = ["Follow", "Incoming"]
+
+T = TypeVar("T")
 
 _BLOCK = 8 << 20  # bytes hashed at a time
 
@@ -62,6 +64,9 @@ class Follow(Protocol):
 
     def swarm_peers(self) -> list[tuple[str, int]]:
         """Swarm addresses to download from."""
+
+    async def unless_gone(self, work: Awaitable[T]) -> T:
+        """``work``'s result, or a SwarmError once the node is gone (``work`` cancelled)."""
 
     @property
     def share(self) -> tuple[int, int] | None:
@@ -165,10 +170,11 @@ class Incoming:
         return await asyncio.shield(self._started)
 
     async def ready(self, start: int, end: int) -> Download:
-        """Return once bytes ``[start, end)`` are checked and written."""
+        """Return once bytes ``[start, end)`` are checked and written; a SwarmError once
+        the followed node is gone."""
         self._settle()
-        download = await self.download()
-        await download.wait_range(start, end)
+        download = await self.follow.unless_gone(self.download())
+        await self.follow.unless_gone(download.wait_range(start, end))
         return download
 
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> int:
@@ -199,7 +205,7 @@ class Incoming:
         """
         if self._hashed is None or self.digest is None:
             return
-        actual = await asyncio.shield(self._hashed)
+        actual = await self.follow.unless_gone(asyncio.shield(self._hashed))
         digest = self.digest
         if actual != digest.value:
             raise DigestMismatchError(

@@ -13,41 +13,38 @@ from .follower import Follower
 from .rendezvous import ranked
 from .source import SwarmSource
 
-__all__ = ["LEAD_CHUNK", "Dropped", "Plan", "share_of", "watched"]
+__all__ = ["LEAD_CHUNK", "Plan", "share_of", "watched"]
 
 LEAD_CHUNK = 8 << 20  # the largest origin read of a node that pulls files (``leading``)
 
 
-class Dropped(SwarmError):
-    """A followed node stopped answering (``Follower.watch``); ``node`` names it."""
-
-    def __init__(self, node: str, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.node = node
-
-
 async def watched(work: Awaitable[Any], follows: list[Follower]) -> Any:
-    """``work``'s result; it is cancelled, and ``Dropped`` raised, once one of the
-    ``follows``' nodes is gone (``Follower.watch``)."""
+    """``work``'s result, while each of ``follows``' nodes is watched
+    (``Follower.watch``): one gone fails what waits on it (``Follower.went``), and only
+    that; the fetch's other files go on, its own origin reads included."""
     task = asyncio.ensure_future(work)
-    watches = {asyncio.ensure_future(f.watch()): f for f in follows}
+    watches: dict[asyncio.Future[Any], Follower] = {
+        asyncio.ensure_future(f.watch()): f for f in follows
+    }
     try:
-        await asyncio.wait({task, *watches}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            task.cancel()
-            await asyncio.wait([task])
-        if task.cancelled():
-            for watch, follow in watches.items():
-                if watch.done() and not watch.cancelled() and watch.exception() is not None:
-                    raise Dropped(follow.node, watch.exception())  # type: ignore[arg-type]
-        return task.result()
+        pending: set[asyncio.Future[Any]] = {task, *watches}
+        while True:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for watch in done - {task}:
+                error = None if watch.cancelled() else watch.exception()
+                if isinstance(error, SwarmError):
+                    watches[watch].went(error)
+                elif error is not None:
+                    raise error
+            if task in done:
+                return task.result()
     finally:
         for left in (*watches, task):
             left.cancel()
         await asyncio.wait([*watches, task])
         for watch in watches:
             if not watch.cancelled():
-                watch.exception()  # raised above, or nobody needs it
+                watch.exception()  # handed to its follower, or nobody needs it
 
 
 class Plan:
@@ -122,8 +119,6 @@ class Plan:
 
     def culprit(self, exc: BaseException, made: list[SwarmSource]) -> str | None:
         """The followed node to drop for ``exc``; None: none is to blame (raise it)."""
-        if isinstance(exc, Dropped):
-            return exc.node
         if self.whole is not None:
             return self.whole.node
         for source in made:
