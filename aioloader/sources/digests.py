@@ -10,7 +10,9 @@ Two publishers give one:
   base64 of the big-endian digest). It covers the whole object when its type
   (``x-amz-checksum-type``) is ``FULL_OBJECT``: every single-part upload, and a
   multipart upload with a full-object CRC. A ``COMPOSITE`` one (``<digest>-<parts>``)
-  is a digest of the parts' digests, which a reader of ranges cannot check.
+  is the digest of the parts' digests, one after the other: a ``Digest`` with the
+  sizes of the parts (``parts``) hashes each part's byte range on its own, then
+  those digests (s3/checksums.py says which is which).
 
 CRC32C needs ``google-crc32c`` and CRC64NVME ``awscrt``; an object that publishes
 only a checksum this process cannot compute is read unchecked (logged at DEBUG).
@@ -21,11 +23,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import zlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Digest", "Running", "hub_digest", "s3_digest"]
+__all__ = ["Digest", "Running", "computable", "hub_digest", "s3_digest"]
 
 _BLOCK = 1 << 20
 # The checksums S3 may publish, cheapest to compute first.
@@ -43,6 +45,12 @@ class Digest:
         where: who publishes it, for messages: "the <algorithm> <where>" reads as a
             phrase ("the sha256 the Hub publishes for ... (its LFS oid)").
         prefix: bytes hashed before the file's (git's ``blob <size>\\0``).
+        parts: the sizes of the parts of a composite digest, in order (their sum is
+            the file's size); empty: a digest of the whole file.
+        whole_too: a composite digest that may also be one of the whole file (the
+            publisher did not say which): either reading matches.
+        confirm: awaited before a mismatch is told; False: ``parts`` was a guess that
+            turned out wrong, and the file is left unchecked (said at WARNING).
     """
 
     algorithm: str
@@ -50,6 +58,9 @@ class Digest:
     encoding: str
     where: str
     prefix: bytes = b""
+    parts: tuple[int, ...] = ()
+    whole_too: bool = False
+    confirm: Callable[[], Awaitable[bool]] | None = field(default=None, compare=False)
 
     def running(self) -> Running | None:
         """A hash to feed the file's bytes into; None when this process cannot compute
@@ -57,7 +68,7 @@ class Digest:
         update = _updater(self.algorithm)
         if update is None:
             return None
-        running = Running(self, update)
+        running: Running = Running(self, update) if not self.parts else _PartWise(self, update)
         if self.prefix:
             running.update(memoryview(self.prefix))
         return running
@@ -78,15 +89,59 @@ class Running:
         self._state = self._step(self._state, data)
 
     def result(self) -> str:
-        state = self._state
-        if isinstance(state, int):
-            width = 8 if self.digest.algorithm == "crc64nvme" else 4
-            raw = state.to_bytes(width, "big")
-        else:
-            raw = state.digest()
+        return self._encode(_raw(self.digest.algorithm, self._state))
+
+    def _encode(self, raw: bytes) -> str:
         if self.digest.encoding == "hex":
             return raw.hex()
         return base64.b64encode(raw).decode()
+
+
+class _PartWise(Running):
+    """A composite digest: each part's bytes hashed on their own, then the parts' digests
+    back to back (and, with ``whole_too``, every byte in one hash besides)."""
+
+    def __init__(self, digest: Digest, update: tuple[Any, Callable[[Any, memoryview], Any]]):
+        super().__init__(digest, update)
+        self._sizes = list(reversed(digest.parts))  # the parts still to come, next last
+        self._left = self._sizes.pop()  # bytes the current part still takes
+        self._part: Any = _updater(digest.algorithm)[0]  # type: ignore[index]
+        self._done = bytearray()  # the finished parts' digests
+        self._open = True  # a part is being hashed (False: past the last one)
+
+    def update(self, data: memoryview) -> None:
+        if self.digest.whole_too:
+            super().update(data)
+        while data.nbytes and self._open:  # bytes past the last part: no match
+            take = min(self._left, data.nbytes)
+            self._part = self._step(self._part, data[:take])
+            data, self._left = data[take:], self._left - take
+            self._finish_parts()
+        if data.nbytes:
+            self._done += b"\0"  # more bytes than the parts hold: matches nothing
+
+    def _finish_parts(self) -> None:
+        """Close the parts that have all their bytes (an empty one at once)."""
+        while self._open and self._left == 0:
+            self._done += _raw(self.digest.algorithm, self._part)
+            self._open = bool(self._sizes)
+            if self._open:
+                self._part = _updater(self.digest.algorithm)[0]  # type: ignore[index]
+                self._left = self._sizes.pop()
+
+    def result(self) -> str:
+        if self.digest.whole_too and super().result() == self.digest.value:
+            return self.digest.value
+        self._finish_parts()
+        state, step = _updater(self.digest.algorithm)  # type: ignore[misc]
+        return self._encode(_raw(self.digest.algorithm, step(state, memoryview(self._done))))
+
+
+def _raw(algorithm: str, state: Any) -> bytes:
+    """The digest in ``state``: a CRC's big-endian bytes, or a hashlib digest."""
+    if isinstance(state, int):
+        return state.to_bytes(8 if algorithm == "crc64nvme" else 4, "big")
+    return bytes(state.digest())
 
 
 def _hashlib_step(state: Any, data: memoryview) -> Any:
@@ -122,6 +177,11 @@ def _updater(algorithm: str) -> tuple[Any, Callable[[Any, memoryview], Any]] | N
     return None
 
 
+def computable(algorithm: str) -> bool:
+    """Whether this process can compute ``algorithm`` (the CRC libraries are optional)."""
+    return _updater(algorithm) is not None
+
+
 def hub_digest(blob_id: str, size: int, where: str) -> Digest | None:
     """The digest a Hub listing's blob id stands for: an LFS sha256 (64 hex digits) or
     a git blob sha1 (40); None for anything else (an id the listing did not give)."""
@@ -137,7 +197,9 @@ def hub_digest(blob_id: str, size: int, where: str) -> Digest | None:
 
 def s3_digest(checksums: Mapping[str, str]) -> Digest | None:
     """The full-object checksum among S3's ``x-amz-checksum-*`` headers (lower-case
-    names) that this process can compute, cheapest first; None when there is none."""
+    names) that this process can compute, cheapest first; None when there is none.
+    ``checksums`` is what ``S3Source.object_checksums`` hands out: the checksums of
+    the object's bytes alone (s3/checksums.py leaves out the composite ones)."""
     kind = checksums.get("x-amz-checksum-type", "FULL_OBJECT").upper()
     if kind != "FULL_OBJECT":
         return None

@@ -148,7 +148,12 @@ class VerifyingBlob(ForwardingBlob):
             await self._drive()  # hashes what is left, or keeps why it cannot
         if self._failure is not None:
             raise self._failure
-        self._raise()
+        if self._actual is not None and self._actual != self.digest.value:
+            confirm = self.digest.confirm
+            if confirm is not None and not await confirm():
+                self._actual = None  # its parts were guessed wrong: read unchecked
+                return False
+            self._raise()
         return self._actual is not None
 
     async def aclose(self) -> None:
@@ -298,8 +303,7 @@ class VerifyingBlob(ForwardingBlob):
 
     def _raise(self) -> None:
         actual = self._actual
-        if actual is None or actual == self.digest.value:
-            return
+        assert actual is not None
         digest = self.digest
         raise DigestMismatchError(
             f"{self.url}: the {self.size} bytes read do not match the {digest.algorithm} "

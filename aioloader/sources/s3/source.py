@@ -3,8 +3,10 @@
 The source holds an HttpStore (http/store.py) whose transport signs every request
 with an S3Signer (signer.py); here are S3's own parts: listing a prefix, and the
 checksums an object was uploaded with, which every read of a whole object is
-checked against (digests.py, verifying.py). Object and bucket URLs, path-style or
-virtual-hosted, are built in url.py.
+checked against (digests.py, verifying.py): of the whole object, or of each of its
+parts (a multipart upload's COMPOSITE checksum; checksums.py says which), whose sizes
+a ``HEAD ?partNumber=N`` gives. Object and bucket URLs, path-style or virtual-hosted,
+are built in url.py.
 """
 
 from __future__ import annotations
@@ -15,19 +17,29 @@ from urllib.parse import quote, urlencode
 
 from ...config import HttpOptions, S3Options
 from ...errors import NotFoundError
+from ...redact import redacting_logger
 from ...threads import Lanes
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
-from ..digests import s3_digest
+from ..digests import Digest
 from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing
 from ..http.retry import RetryableError
 from ..http.store import HttpStore
 from ..http.transport import transport_errors
 from ..verifying import verifying
+from .checksums import guess_parts, read_checksum, whole_only
 from .signer import S3_NAMESPACE, S3Signer, xml_text
 from .url import bucket_url, object_url, split_s3_url
 
 __all__ = ["S3Source"]
+
+logger = redacting_logger(__name__)
+
+# What a HEAD of an object or of a part says about its checksums and its parts.
+_HEAD_NAMES = (
+    "x-amz-checksum-", "x-amz-server-side-encryption", "x-amz-mp-parts-count", "etag",
+    "content-length",
+)  # fmt: skip
 
 
 class S3Source(Source):
@@ -70,34 +82,92 @@ class S3Source(Source):
     # -- checksums -----------------------------------------------------------------
 
     async def object_checksums(self, url: str) -> dict[str, str]:
-        """The ``x-amz-checksum-*`` of an object uploaded with one (a HEAD in checksum
+        """The checksum of the object's bytes it was uploaded with (a HEAD in checksum
         mode: ranged GETs never carry it), and its ``x-amz-server-side-encryption*``
         headers, which say whether its ETag can be an MD5 (not under SSE-KMS or SSE-C).
-        Composite checksums of multipart uploads (``<digest>-<parts>``) are not digests
-        of the bytes and are left out; ``x-amz-checksum-type`` is kept."""
-        await self._signer.setup()
-        fetch_url = self._object_url(url)
-        return await self._store.retrier.run(
-            url, 0, 0, partial(self._head_checksums, url, fetch_url)
-        )
+        A composite checksum of a multipart upload, or one whose kind the store leaves
+        open, is not a digest of the bytes and is left out (checksums.py)."""
+        return whole_only(await self._head(url))
 
-    async def _head_checksums(self, url: str, fetch_url: str) -> dict[str, str]:
+    async def _head(self, url: str, part: int = 0) -> dict[str, str]:
+        """The headers of a HEAD in checksum mode of the object, or of its ``part``."""
+        await self._signer.setup()
+        fetch_url = self._object_url(url) + (f"?partNumber={part}" if part else "")
+        return await self._store.retrier.run(url, 0, 0, partial(self._head_once, url, fetch_url))
+
+    async def _head_once(self, url: str, fetch_url: str) -> dict[str, str]:
         transport = self._store.transport
         headers = {"x-amz-checksum-mode": "ENABLED"}
         try:
             async with await transport.send("HEAD", url, fetch_url, headers) as response:
                 await transport.check_status(url, response, None)
-                found = {}
-                for name, value in response.headers.items():
-                    name = name.lower()
-                    if name.startswith("x-amz-server-side-encryption") or (
-                        name.startswith("x-amz-checksum-")
-                        and (name == "x-amz-checksum-type" or "-" not in value)
-                    ):
-                        found[name] = value
-                return found
+                return {
+                    name.lower(): value
+                    for name, value in response.headers.items()
+                    if name.lower().startswith(_HEAD_NAMES)
+                }
         except transport_errors() as exc:
             raise RetryableError(str(exc) or type(exc).__name__) from exc
+
+    async def _digest(self, url: str) -> Digest | None:
+        """What to check ``url``'s bytes against: its checksum, of the whole object or of
+        its parts (their sizes asked with ``HEAD ?partNumber=N``); None where there is
+        none this process can compute, or it cannot be used (said at WARNING)."""
+        headers = await self._head(url)
+        found = read_checksum(headers)
+        if found is None:
+            return None
+        where = f"S3 publishes ({found.header})"
+        if found.problem is None and found.kind == "whole":
+            return Digest(found.algorithm, found.value, "base64", where)
+        size = int(headers.get("content-length", "-1"))
+        problem = found.problem
+        if problem is None:
+            parts, problem = await self._parts(url, size, found.parts)
+        if problem is not None or not parts:
+            logger.warning(
+                "%s: read unchecked: its %s cannot be checked (%s)", url, found.header, problem
+            )
+            return None
+        composite = "composite " if found.kind == "composite" else ""
+        where = f"S3 publishes ({found.header}, {composite}over its {len(parts)} parts)"
+        return Digest(
+            found.algorithm, found.value, "base64", where, parts=parts,
+            whole_too=found.kind == "either", confirm=partial(self._confirm, url, size, parts),
+        )  # fmt: skip
+
+    async def _parts(self, url: str, size: int, count: int) -> tuple[tuple[int, ...], str | None]:
+        """The sizes of the object's ``count`` parts, from the first one's when they are
+        all of its size but the last (an SDK's uploads: checked again on a mismatch, see
+        ``_confirm``), else from every part's; or why they cannot be known."""
+        first = await self._head(url, 1)
+        said = first.get("x-amz-mp-parts-count")
+        if said is not None and said.strip() != str(count):
+            return (), f"its parts say they are {said.strip()}, not {count}"
+        guess = guess_parts(size, int(first.get("content-length", "0")), count)
+        if guess is not None:
+            return guess, None
+        return await self._every_part(url, size, count)
+
+    async def _every_part(
+        self, url: str, size: int, count: int
+    ) -> tuple[tuple[int, ...], str | None]:
+        heads = await asyncio.gather(*(self._head(url, n) for n in range(1, count + 1)))
+        parts = tuple(int(head.get("content-length", "-1")) for head in heads)
+        if sum(parts) != size or min(parts) < (0 if count == 1 else 1):
+            return (), f"its {count} parts hold {', '.join(map(str, parts))} bytes, not {size}"
+        return parts, None
+
+    async def _confirm(self, url: str, size: int, parts: tuple[int, ...]) -> bool:
+        """Whether the object's parts are ``parts``: asked of each before a mismatch is
+        told, as the sizes may have been guessed from the first part's."""
+        found, problem = await self._every_part(url, size, len(parts))
+        if found != parts:
+            logger.warning(
+                "%s: read unchecked: its parts are not of the sizes the first one suggested "
+                "(%s)", url, problem or "they differ",
+            )  # fmt: skip
+        return found == parts
 
     # -- listing -------------------------------------------------------------------
 
@@ -148,7 +218,7 @@ class S3Source(Source):
         """Open ``url``, checked against its full-object checksum when it has one: asked
         with a HEAD beside the first read (ranged GETs never carry it), see verifying.py."""
         await self._signer.setup()
-        head = asyncio.ensure_future(self.object_checksums(url))
+        head = asyncio.ensure_future(self._digest(url))
         try:
             blob = await self._store.open(url, self._object_url(url))
         except BaseException as exc:
@@ -163,11 +233,13 @@ class S3Source(Source):
                 ) from exc
             raise
         try:
-            checksums = await head
+            digest = await head
         except BaseException:
             await blob.aclose()
             raise
-        return verifying(blob, s3_digest(checksums), self._lanes.digest)
+        if digest is not None and digest.parts and sum(digest.parts) != blob.size:
+            digest = None  # replaced between the HEAD and the read: the read says so
+        return verifying(blob, digest, self._lanes.digest)
 
     async def aclose(self) -> None:
         await self._store.aclose()
