@@ -45,6 +45,7 @@ from .daemon_client import DaemonClient, DaemonRecord
 from .errors import ConfigError, NotFoundError, SourceError
 from .folder_dest import PARTIAL_PREFIX, RECORD, Destination, dest_error, name_problem
 from .layout import resolve_layout
+from .names import shown
 from .options import LoadKeywords, LoadOptions
 from .redact import redacting_logger
 from .sources.auto import scheme_of
@@ -104,8 +105,12 @@ class FolderCopy:
 
 def _checked_name(name: str, src: str) -> str:
     """A file name from a listing or an index, refused if it could leave DEST."""
-    if name_problem(name) is not None:
-        raise SourceError(f"{src} lists a file named {name!r}, which cannot be copied safely")
+    problem = name_problem(name)
+    if problem is not None:
+        raise SourceError(
+            f"{src} lists a file named {shown(name)}, which {problem}: it cannot be copied "
+            "safely; rename it at the source, or fetch the files it is not among"
+        )
     return name
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from .errors import CacheError
 from .layout import INDEX_SUFFIX, SAFETENSORS_SUFFIX
+from .names import length_problem
 from .redact import redacting_logger
 
 __all__ = ["PARTIAL_PREFIX", "RECORD", "Destination", "dest_error", "name_problem"]
@@ -61,7 +62,7 @@ def name_problem(name: str) -> str | None:
         return "has an empty, '.' or '..' segment"
     if parts[0].startswith(PARTIAL_PREFIX) or parts[0] == RECORD:
         return "is a name fetch keeps for itself"
-    return None
+    return length_problem(name)
 
 
 def dest_error(exc: OSError, dest: Path, doing: str, state: str = _UNTOUCHED) -> CacheError:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from .errors import FormatError, NotFoundError, SourceError
+from .names import length_problem, shown
 from .safetensors import DuplicateKeyError, load_json
 from .sources.base import Source
 
@@ -78,8 +79,8 @@ def parse_index(raw: bytes, url: str) -> ModelLayout:
         problem = _shard_problem(shard)
         if problem:
             raise FormatError(
-                f"{url}: tensor {name!r} maps to shard {shard!r}, which {problem}; an index "
-                "names its shards as files in its own folder, never outside it"
+                f"{url}: tensor {shown(name)} maps to shard {shown(shard)}, which {problem}; "
+                "an index names its shards as files in its own folder, never outside it"
             )
     shards = list(dict.fromkeys(weight_map.values()))
     metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
@@ -96,6 +97,9 @@ def _shard_problem(shard: str) -> str | None:
     """
     if not shard:
         return "is empty"
+    too_long = length_problem(shard)
+    if too_long is not None:
+        return too_long
     for form in dict.fromkeys((shard, unquote(shard))):
         if any(ord(c) < 0x20 or c == "\x7f" for c in form):
             return "holds a control character"

@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 from ...config import HttpOptions
 from ...errors import ClosedError, SourceError
+from ...names import shown
 from ...redact import redacting_logger
 from ...threads import Lanes, run_in
 from ...throttle import LimiterStatistics
@@ -41,6 +42,7 @@ from .hub import HubSettings, resolve_snapshot
 from .revision import NoAnswer, RevisionCheck, ask_commit
 from .signer import HubSigner
 from .snapshot import Snapshot
+from .tree import bad_path
 from .url import HfLocation, is_commit, parse_hf_url
 
 __all__ = ["HfFile", "HfSource"]
@@ -210,14 +212,16 @@ class HfSource(Source):
     def _keep(self, snapshot: Snapshot) -> None:
         odd = snapshot.left_out
         if odd and (snapshot.repo_id, snapshot.sha) not in self._snapshots:
+            # Each name with its own reason, cut short: a 5000-character name is "too
+            # long", not "a backslash", and must not fill the log line.
+            named = [f"{shown(path)} ({bad_path(path)})" for path in odd[:5]]
             logger.warning(
                 "%s at %s: %d file(s) left out of what aioloader loads and fetches, their "
-                "names holding a backslash or a control character: %s (huggingface_hub "
-                "downloads them)",
+                "names not ones it makes files of: %s (huggingface_hub downloads them)",
                 snapshot.repo_id,
                 snapshot.sha[:12],
                 len(odd),
-                ", ".join(map(repr, odd[:5])) + (", ..." if len(odd) > 5 else ""),
+                ", ".join(named) + (", ..." if len(odd) > 5 else ""),
             )
         self._snapshots[(snapshot.repo_id, snapshot.sha)] = snapshot
         while len(self._snapshots) > _KEPT_SNAPSHOTS:

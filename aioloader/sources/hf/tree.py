@@ -31,12 +31,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ...names import length_problem
+
 __all__ = ["TreeEntry", "bad_path", "dump_tree", "entry_from_json", "escapes", "parse_tree"]
 
 FORMAT_VERSION = 1
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_MAX_PATH = 4096
 
 
 @dataclass(frozen=True)
@@ -85,14 +86,16 @@ def bad_path(path: object) -> str | None:
 
     A path is relative, ``/``-separated, with no empty, ``.`` or ``..`` part
     (``escapes``), no backslash and no control character: it stays inside the
-    snapshot's folder on every system huggingface_hub's cache is used on.
+    snapshot's folder on every system huggingface_hub's cache is used on. A path
+    too long to be a file (names.py) is refused with the limit it breaks.
     """
     why = escapes(path)
     if why is not None:
         return why
     assert isinstance(path, str)
-    if len(path) > _MAX_PATH:
-        return f"it is longer than {_MAX_PATH} characters"
+    too_long = length_problem(path)
+    if too_long is not None:
+        return f"it {too_long}"
     if "\\" in path or any(ord(c) < 32 or ord(c) == 127 for c in path):
         return "it holds a backslash or a control character"
     return None
