@@ -19,6 +19,7 @@ from .dtypes import import_torch
 from .environment import resolve
 from .errors import LoaderError
 from .options import KEYWORDS
+from .redact import redact
 from .sync import run
 
 __all__ = ["main"]
@@ -370,7 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             import_torch()
         return _run(lambda: handler(args))
     except LoaderError as exc:
-        print(f"aioloader: error: {exc}", file=sys.stderr)
+        # Any URL in it without its signature: a presigned URL's query is a secret.
+        print(f"aioloader: error: {redact(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("aioloader: interrupted", file=sys.stderr)

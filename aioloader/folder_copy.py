@@ -9,7 +9,10 @@ core. What is copied:
   that start with ``.`` (``.gitattributes``, ``.cache/``) are not copied;
 - an index URL, a single ``.safetensors`` URL or an unlisted HTTP folder ending in
   ``/`` (layout.py finds its shards): those files, plus the well-known config and
-  tokenizer files next to them that exist (``WELL_KNOWN``).
+  tokenizer files next to them that exist (``WELL_KNOWN``). A URL with a query (a
+  presigned URL) names one file: it is written under its path's last segment,
+  decoded, never its query, and its siblings are not looked for (the signature
+  covers that file only); DEST's record keeps the URL redacted.
 
 Bytes come through the same sources as a load: concurrent range reads with its
 retries, each file pinned to the version it was opened at (ETag, the Hub's commit),
@@ -38,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, Unpack
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from .cache.checksum import Published
 from .daemon_client import DaemonClient, DaemonRecord
@@ -47,7 +50,7 @@ from .folder_dest import PARTIAL_PREFIX, RECORD, Destination, dest_error, name_p
 from .layout import resolve_layout
 from .names import shown
 from .options import LoadKeywords, LoadOptions
-from .redact import redacting_logger
+from .redact import redact, redacting_logger
 from .sources.auto import scheme_of
 from .sources.base import Blob, Source
 from .sources.schemes import remote_names
@@ -98,7 +101,7 @@ class FolderCopy:
             through = f"; {self.from_daemon} of them from the daemon at {self.daemon}"
         return (
             f"fetched {len(self.files)} file{'s' if len(self.files) != 1 else ''} "
-            f"({self.bytes} bytes{through}) from {self.source} into {self.dest} in "
+            f"({self.bytes} bytes{through}) from {redact(self.source)} into {self.dest} in "
             f"{self.seconds:.2f} s ({rate:.1f} MB/s)"
         )
 
@@ -170,6 +173,23 @@ def _name_in(source: Source, folder: str, url: str, src: str) -> tuple[str, str]
     raise SourceError(f"{src} names {url}, which is not inside {folder}")
 
 
+def _query_of(url: str) -> str:
+    """The query of a remote URL (a presigned URL's signature); "" for a local path,
+    where ``?`` is part of a file's name."""
+    if "://" not in url or url.startswith("file://"):
+        return ""
+    return urlsplit(url).query
+
+
+def _last_segment(url: str) -> str:
+    """The name of the file at ``url``: the last segment of its path, percent-decoded,
+    never its query. A segment whose decoded form holds a ``/`` or a NUL (``%2F``)
+    stays as written: a name, not a way into another folder."""
+    written = urlsplit(url).path.rsplit("/", 1)[-1]
+    decoded = unquote(written)
+    return written if "/" in decoded or "\0" in decoded else decoded
+
+
 async def files_to_copy(source: Source, src: str) -> list[tuple[str, str]]:
     """``(url, relative name)`` of every file to copy from ``src`` (see the module)."""
     names = await source.list_dir(src)
@@ -179,6 +199,12 @@ async def files_to_copy(source: Source, src: str) -> list[tuple[str, str]]:
             raise SourceError(f"{src} is an empty folder; there is nothing to fetch")
         return copies
     layout = await resolve_layout(source, src)
+    if layout.index is None and _query_of(src):
+        # A presigned URL signs its one file: the file is named by its path, and its
+        # siblings, which its signature does not cover, are not asked for.
+        (url,) = layout.files
+        logger.info("%s is signed for one file: its config files are not looked for", src)
+        return [(url, _checked_name(_last_segment(url), src))]
     if layout.index is not None:
         folder = source.parent(layout.index)
     else:

@@ -41,7 +41,7 @@ from pathlib import Path
 from .errors import CacheError
 from .layout import INDEX_SUFFIX, SAFETENSORS_SUFFIX
 from .names import length_problem
-from .redact import redacting_logger
+from .redact import redact, redacting_logger
 
 __all__ = ["PARTIAL_PREFIX", "RECORD", "Destination", "dest_error", "name_problem"]
 
@@ -242,7 +242,8 @@ class Destination:
         return []
 
     def _record(self, partial: Path, files: list[str], source: str, *, complete: bool) -> None:
-        body = {"source": source, "complete": complete, "files": files}
+        # A presigned source's signature is a secret: the record keeps the URL redacted.
+        body = {"source": redact(source), "complete": complete, "files": files}
         temporary = partial / RECORD
         with open(temporary, "w", encoding="utf-8") as file:
             json.dump(body, file, indent=1)

@@ -361,3 +361,64 @@ def test_azure_folder_through_the_command(
     out = _fetch("az://fetch-azure/org/model/", str(dest), "--chunk-size", "256KiB")
     _assert_fetched(out, dest, want)
     assert "fetched 7 files" in out.stderr
+
+
+# -- a presigned URL (issue 42) ---------------------------------------------------------------
+
+SIGNATURE = "X-Amz-Signature=5ec7e75ec7e7&X-Amz-Credential=AKIA%2Fsecret%2Fs3&token=a/b/c"
+
+
+def test_a_presigned_urls_query_is_no_part_of_the_file_name(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    from safetensors.torch import load_file
+
+    src = http_server.root / "m"
+    write_sharded(src, random_tensors(count=4), shards=1)
+    (shard,) = src.glob("*.safetensors")
+    dest = tmp_path / "dest"
+    out = _fetch(http_server.url_for(f"m/{shard.name}") + "?" + SIGNATURE, str(dest))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [shard.name]
+    assert sorted(p.name for p in dest.iterdir()) == sorted([RECORD, shard.name])
+    record = (dest / RECORD).read_text()
+    for secret in ("5ec7e75ec7e7", "AKIA", "a/b/c", "a%2Fb"):
+        assert secret not in out.stdout + out.stderr + record, secret
+    got, want = load_file(str(dest / shard.name)), load_file(str(shard))
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key].view(-1).view(torch_uint8()).equal(want[key].view(-1).view(torch_uint8()))
+    # The file was read with its signature; siblings, which it does not sign, were not asked.
+    gets = [q for r, q in zip(http_server.requests, http_server.query_strings, strict=True)
+            if r.path.endswith(".safetensors")]  # fmt: skip
+    assert gets and all("X-Amz-Signature" in q for q in gets)
+    assert not [r for r in http_server.requests if r.path.endswith("config.json")]
+
+
+@pytest.mark.parametrize("name", ["a%20b.safetensors", "%C3%A9t%C3%A9.safetensors"])
+def test_a_file_name_is_the_decoded_last_segment_of_the_path(
+    tmp_path: Path, http_server: FaultyHttpServer, name: str
+) -> None:
+    from urllib.parse import unquote
+
+    from safetensors.torch import save_file
+
+    torch = pytest.importorskip("torch")
+    (http_server.root / "m").mkdir()
+    save_file({"t": torch.arange(10)}, str(http_server.root / "m" / unquote(name)))
+    out = _fetch(http_server.url_for("m") + "/" + name + "?sig=x", str(tmp_path / "dest"))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "dest" / unquote(name)).is_file()
+    assert out.stdout.split("\n")[0] == unquote(name)
+
+
+def torch_uint8() -> Any:
+    return pytest.importorskip("torch").uint8
+
+
+def test_a_failed_presigned_fetch_prints_no_signature(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    out = _fetch(http_server.url_for("m/missing.safetensors") + "?" + SIGNATURE, str(tmp_path))
+    assert out.returncode == 1 and "missing.safetensors" in out.stderr
+    assert "5ec7e75ec7e7" not in out.stderr + out.stdout and "AKIA" not in out.stderr
