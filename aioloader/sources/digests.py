@@ -1,6 +1,6 @@
 """The digest a publisher gives for a whole file, and a running hash in its form (pure).
 
-Two publishers give one:
+Three publishers give one:
 
 - The Hugging Face Hub lists every file of a commit with the id of its blob: the
   LFS oid of a weight file (the sha256 of its bytes), the git blob id of a regular
@@ -13,6 +13,10 @@ Two publishers give one:
   is the digest of the parts' digests, one after the other: a ``Digest`` with the
   sizes of the parts (``parts``) hashes each part's byte range on its own, then
   those digests (s3/checksums.py says which is which).
+
+- Cloud Storage gives every object a ``crc32c`` (base64 of the big-endian CRC), and
+  one uploaded in one piece an ``md5Hash`` too; a composed object has none (its MD5
+  is unknown to the store): the crc32c is checked, the MD5 only where it is the only one.
 
 CRC32C needs ``google-crc32c`` and CRC64NVME ``awscrt``; an object that publishes
 only a checksum this process cannot compute is read unchecked (logged at DEBUG).
@@ -27,7 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Digest", "Running", "computable", "hub_digest", "s3_digest"]
+__all__ = ["Digest", "Running", "computable", "gcs_digest", "hub_digest", "s3_digest"]
 
 _BLOCK = 1 << 20
 # The checksums S3 may publish, cheapest to compute first.
@@ -39,7 +43,8 @@ class Digest:
     """A digest of a whole file, as its publisher gives it.
 
     Attributes:
-        algorithm: ``"sha256"``, ``"sha1"``, ``"crc32"``, ``"crc32c"`` or ``"crc64nvme"``.
+        algorithm: ``"sha256"``, ``"sha1"``, ``"md5"``, ``"crc32"``, ``"crc32c"`` or
+            ``"crc64nvme"``.
         value: the digest as published (lower-case hex, or base64).
         encoding: ``"hex"`` or ``"base64"``.
         where: who publishes it, for messages: "the <algorithm> <where>" reads as a
@@ -151,7 +156,7 @@ def _hashlib_step(state: Any, data: memoryview) -> Any:
 
 def _updater(algorithm: str) -> tuple[Any, Callable[[Any, memoryview], Any]] | None:
     """The initial state and the step of ``algorithm``; None when it is not available."""
-    if algorithm in ("sha256", "sha1"):
+    if algorithm in ("sha256", "sha1", "md5"):
         return hashlib.new(algorithm, usedforsecurity=False), _hashlib_step
     if algorithm == "crc32":
         return 0, lambda crc, data: zlib.crc32(data, crc)
@@ -210,6 +215,17 @@ def s3_digest(checksums: Mapping[str, str]) -> Digest | None:
             digest = Digest(algorithm, value.strip(), "base64", f"S3 publishes ({header})")
             if _updater(algorithm) is not None:
                 return digest
+    return None
+
+
+def gcs_digest(metadata: Mapping[str, Any], where: str) -> Digest | None:
+    """The checksum to check a Cloud Storage object against, from its metadata: its
+    ``crc32c`` (every object has one) where this process can compute it, else its
+    ``md5Hash`` (not given for a composed object); None when neither is usable."""
+    for algorithm, name in (("crc32c", "crc32c"), ("md5", "md5Hash")):
+        value = metadata.get(name)
+        if isinstance(value, str) and value.strip() and computable(algorithm):
+            return Digest(algorithm, value.strip(), "base64", f"{where} publishes ({name})")
     return None
 
 

@@ -5,12 +5,19 @@ and container listing by prefix. The account and its endpoint come from the URL
 (``https://<account>.blob.core.windows.net/``), else from the environment
 (settings.py); the credentials are the signer's (signer.py).
 
+A blob read whole is checked against the MD5 Azure keeps for it (``Content-MD5``,
+asked with a HEAD beside the first read), where it keeps one: the service computes it
+for a blob written by one Put Blob; one written in blocks (an SDK's upload above its
+single-put size) has none unless the client set one, and is read as it is.
+
 A source serves one account (a Loader keeps one per account: ``store_of`` in
 auto.py), and the SAS or key of the environment goes only to the account it names.
 """
 
 from __future__ import annotations
 
+import asyncio
+from functools import partial
 from urllib.parse import quote, urlencode, urlparse
 
 from ...config import HttpOptions
@@ -19,8 +26,12 @@ from ...redact import redact
 from ...threads import Lanes
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
+from ..digests import Digest
 from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing
+from ..http.retry import RetryableError
 from ..http.store import HttpStore
+from ..http.transport import transport_errors
+from ..verifying import verifying
 from .signer import AzureSigner
 from .url import Location, with_query
 
@@ -38,6 +49,7 @@ class AzureSource(Source):
     scheme_name = "Azure Blob Storage"
 
     def __init__(self, lanes: Lanes, http: HttpOptions | None = None) -> None:
+        self._lanes = lanes
         self._signer = AzureSigner(lanes.setup)
         self._store = HttpStore(type(self).__name__, lanes, http or HttpOptions(), self._signer)
 
@@ -90,13 +102,42 @@ class AzureSource(Source):
         if not where.name:
             raise SourceError(f"{redact(url)} names a container, not a blob or a prefix/")
         fetch_url = with_query(where.blob_url(), await self._signer.query(where))
+        head = asyncio.ensure_future(self._content_md5(url, fetch_url))
         try:
-            return await self._store.open(url, fetch_url)
-        except NotFoundError as exc:
-            raise NotFoundError(
-                f"{redact(url)} does not exist in container {where.container!r} of account "
-                f"{where.account!r} ({exc}); check the container and blob name"
-            ) from exc
+            blob = await self._store.open(url, fetch_url)
+        except BaseException as exc:
+            head.cancel()
+            await asyncio.wait([head])
+            if head.done() and not head.cancelled():
+                head.exception()  # the open's error is the one to tell
+            if isinstance(exc, NotFoundError):
+                raise NotFoundError(
+                    f"{redact(url)} does not exist in container {where.container!r} of "
+                    f"account {where.account!r} ({exc}); check the container and blob name"
+                ) from exc
+            raise
+        try:
+            md5 = await head
+        except BaseException:
+            await blob.aclose()
+            raise
+        digest = (
+            Digest("md5", md5, "base64", "Azure keeps for the blob (Content-MD5)") if md5 else None
+        )
+        return verifying(blob, digest, self._lanes.digest)
+
+    async def _content_md5(self, url: str, fetch_url: str) -> str | None:
+        """The blob's Content-MD5 (a HEAD: Get Blob Properties); None where it has none."""
+        return await self._store.retrier.run(url, 0, 0, partial(self._head_once, url, fetch_url))
+
+    async def _head_once(self, url: str, fetch_url: str) -> str | None:
+        transport = self._store.transport
+        try:
+            async with await transport.send("HEAD", url, fetch_url, {}) as response:
+                await transport.check_status(url, response, None)
+                return response.headers.get("Content-MD5", "").strip() or None
+        except transport_errors() as exc:
+            raise RetryableError(str(exc) or type(exc).__name__) from exc
 
     def join(self, base: str, name: str) -> str:
         parsed = urlparse(base)

@@ -4,7 +4,9 @@ Objects are read with the JSON API's media download, pinned to the object's
 *generation*: opening a file asks for its metadata (size, generation), and every
 range read names that generation, so a file overwritten during a load fails
 (404 for the old generation) instead of mixing two versions. The generation is
-also the version the node cache keys an entry on.
+also the version the node cache keys an entry on. A file read whole is checked
+against the ``crc32c`` the metadata gives (or its ``md5Hash`` where that is the only
+one: a composed object has no MD5), see digests.py and verifying.py.
 
 Credentials: see signer.py.
 """
@@ -21,8 +23,10 @@ from ...redact import redact
 from ...threads import Lanes
 from ...throttle import LimiterStatistics
 from ..base import Blob, Source
+from ..digests import gcs_digest
 from ..http.listing import listed, prefix_to_list
 from ..http.store import HttpStore
+from ..verifying import verifying
 from .blob import GcsBlob
 from .signer import GcsSigner
 from .url import api_url, split_gs_url
@@ -41,6 +45,7 @@ class GcsSource(Source):
     scheme_name = "GCS"
 
     def __init__(self, lanes: Lanes, http: HttpOptions | None = None) -> None:
+        self._lanes = lanes
         self._signer = GcsSigner(lanes.setup)
         self._store = HttpStore(type(self).__name__, lanes, http or HttpOptions(), self._signer)
 
@@ -116,7 +121,7 @@ class GcsSource(Source):
             raise SourceError(f"{url} names a bucket, not an object or a prefix/")
         meta = await self._get_json(
             url,
-            self._api(bucket, key) + "?fields=generation,size",
+            self._api(bucket, key) + "?fields=generation,size,crc32c,md5Hash",
             f"{url} does not exist at {self._signer.endpoint}; check the bucket and object name",
             "object metadata",
         )
@@ -128,7 +133,9 @@ class GcsSource(Source):
             + "?"
             + urlencode({"alt": "media", "generation": generation})
         )
-        return GcsBlob(await self._store.open(url, fetch_url), generation)
+        blob = GcsBlob(await self._store.open(url, fetch_url), generation)
+        digest = gcs_digest(meta, f"Cloud Storage ({self._signer.endpoint})")
+        return verifying(blob, digest, self._lanes.digest)
 
     async def aclose(self) -> None:
         await self._store.aclose()
