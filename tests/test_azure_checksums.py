@@ -130,3 +130,17 @@ async def test_a_blob_written_in_blocks_has_no_md5_and_loads(
         await load_model(url, chunk_size="256KiB")
     _set_md5(box, name, _md5(data))
     assert_matches_files(await load_model(url, chunk_size="256KiB"), path)
+
+
+async def test_az_names_with_a_hash_or_a_question_mark(
+    account: AzuriteServer, tmp_path: Path
+) -> None:
+    """``az://c/dir#x/model.safetensors`` names that blob, not the decoy ``dir``."""
+    real = write_file(tmp_path / "real.safetensors", {"real": torch.arange(1000.0)})
+    decoy = write_file(tmp_path / "decoy.safetensors", {"decoy": torch.zeros(10)})
+    box = _container(account, "keys")
+    for name, trap in (("dir#x/model.safetensors", "dir"), ("a?b.safetensors", "a")):
+        box.upload_blob(name, real.read_bytes(), overwrite=True)
+        box.upload_blob(trap, decoy.read_bytes(), overwrite=True)
+        assert_matches_files(await load_model(f"az://keys/{name}"), real)
+    assert_matches_files(await load_model("az://keys/dir#x/"), real)

@@ -140,11 +140,15 @@ class AzureSource(Source):
             raise RetryableError(str(exc) or type(exc).__name__) from exc
 
     def join(self, base: str, name: str) -> str:
+        if base.startswith("az://"):  # no query, and "#" is part of a name
+            return super().join(base, name)
         parsed = urlparse(base)
         path = parsed.path.rstrip("/") + "/" + name
         return parsed._replace(path=path).geturl()
 
     def parent(self, url: str) -> str:
+        if url.startswith("az://"):
+            return super().parent(url)
         parsed = urlparse(url)
         return parsed._replace(path=parsed.path.rsplit("/", 1)[0]).geturl()
 

@@ -6,6 +6,7 @@ from urllib.parse import quote, urlparse
 
 from ...errors import ConfigError
 from ...redact import redact
+from ..bucket_url import split_bucket_url
 from .settings import SUFFIX, AzureSettings
 
 __all__ = ["Location", "azure_store", "is_azure_url", "with_query"]
@@ -43,8 +44,8 @@ class Location:
     def __init__(self, url: str) -> None:
         parsed = urlparse(url)
         if parsed.scheme == "az":
-            self.container = parsed.netloc
-            self.name = parsed.path.lstrip("/")
+            # The name as written, "#" and "?" included (bucket_url.py).
+            self.container, self.name = split_bucket_url(url, "az", "az://<container>/<path>")
             named = AzureSettings.from_environ()
             if named.account is None:
                 raise ConfigError(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from urllib.parse import quote, urlparse
+from urllib.parse import quote
 
-from ...errors import ConfigError
+from ..bucket_url import split_bucket_url
 
 __all__ = ["ENDPOINT", "api_url", "split_gs_url"]
 
@@ -12,11 +12,13 @@ ENDPOINT = "https://storage.googleapis.com"
 
 
 def split_gs_url(url: str) -> tuple[str, str]:
-    """``gs://bucket/some/object`` -> ``("bucket", "some/object")``."""
-    parsed = urlparse(url)
-    if parsed.scheme != "gs" or not parsed.netloc:
-        raise ConfigError(f"{url} is not a Google Cloud Storage URL; write gs://bucket/object")
-    return parsed.netloc, parsed.path.lstrip("/")
+    """``gs://bucket/some/object`` -> ``("bucket", "some/object")``: the name as written,
+    ``#`` and ``?`` included (bucket_url.py).
+
+    Raises:
+        ConfigError: not a ``gs://`` URL, or no bucket name in it.
+    """
+    return split_bucket_url(url, "gs", "gs://bucket/object")
 
 
 def api_url(endpoint: str, bucket: str, key: str = "", *, download: bool = False) -> str:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from urllib.parse import quote, urlparse
+from urllib.parse import quote
 
-from ...errors import ConfigError
+from ..bucket_url import split_bucket_url
 
 __all__ = ["bucket_url", "object_url", "split_s3_url"]
 
 
 def split_s3_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/some/key`` -> ``("bucket", "some/key")``."""
-    parsed = urlparse(url)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise ConfigError(f"{url} is not an S3 URL; write s3://bucket/key")
-    return parsed.netloc, parsed.path.lstrip("/")
+    """``s3://bucket/some/key`` -> ``("bucket", "some/key")``: the key as written, ``#``
+    and ``?`` included, as the AWS CLI takes it (bucket_url.py).
+
+    Raises:
+        ConfigError: not an ``s3://`` URL, or no bucket name in it.
+    """
+    return split_bucket_url(url, "s3", "s3://bucket/key")
 
 
 def bucket_url(endpoint: str, bucket: str, *, path_style: bool) -> str:
