@@ -39,7 +39,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 
 from .cache.entry import key_of
-from .environment import resolve, resolve_where
+from .environment import resolve_where
 from .errors import ConfigError, SourceError
 from .redact import redact, redacting_logger
 from .settings import DAEMON, FETCH
@@ -65,6 +65,7 @@ _CHUNK = 1 << 20
 _POLL = (0.05, 1.0)  # first and longest pause between two reads of the record
 _URL_ROW, _WAIT_ROW = FETCH
 _TOKEN_ROW = next(row for row in DAEMON if row.name == "token")
+_TOKEN_FILE_ROW = next(row for row in DAEMON if row.name == "token_file")
 _SHOW_EVERY = 10.0  # seconds between two progress lines of one status
 
 Write = Callable[[memoryview, int], Awaitable[None]]
@@ -115,6 +116,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest=_TOKEN_ROW.dest,
         help=f"the daemon's bearer token (prefer the variable) [{_TOKEN_ROW.variable}]",
     )
+    group.add_argument(
+        _TOKEN_FILE_ROW.flag,
+        dest=_TOKEN_FILE_ROW.dest,
+        help="a file holding the daemon's bearer token (a mounted Secret); instead of "
+        f"{_TOKEN_ROW.flag} [{_TOKEN_FILE_ROW.variable}]",
+    )
 
 
 def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -134,7 +141,17 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
             ) from None
     wait, where = resolve_where(_WAIT_ROW, given, environ)
     wait = check_daemon_wait(wait, where or _WAIT_ROW.flag)
-    token = resolve(_TOKEN_ROW, getattr(args, _TOKEN_ROW.dest), environ)
+    token, token_where = resolve_where(_TOKEN_ROW, getattr(args, _TOKEN_ROW.dest), environ)
+    path, path_where = resolve_where(_TOKEN_FILE_ROW, getattr(args, _TOKEN_FILE_ROW.dest), environ)
+    if path is not None:
+        # A file is read and checked as the daemon reads its own; imported here, as
+        # the daemon's package is only when a token file is given.
+        from .daemon.auth import read_token, token_text
+
+        text, given = token_text(
+            token, token_where or _TOKEN_ROW.flag, str(path), path_where or _TOKEN_FILE_ROW.flag
+        )
+        token = read_token(text, given).value
     token = token.strip() if isinstance(token, str) and token.strip() else None
     return {"daemon": url, "token": token, "daemon_wait": wait}
 

@@ -269,6 +269,13 @@ DAEMON: tuple[Setting, ...] = (
         "32` (prefer the env var; surrounding whitespace is stripped)",
         blank_unset=False,  # set but empty is refused: it would leave /v1/* open
     ),
+    _daemon(
+        "token_file",
+        "a file holding the bearer token (a mounted Secret), read once at startup; "
+        "instead of --token",
+        types=(str, Path),
+        field="token",
+    ),
     _daemon("concurrency", "reads in flight per download", types=(int,)),
     _daemon(
         "max_downloads",

@@ -268,3 +268,35 @@ def test_docs_point_at_deploy_instead_of_copies() -> None:
         assert "deploy/" in text, name
         blocks = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
         assert not any("apiVersion:" in block for block in blocks), f"{name} copies a manifest"
+
+
+def test_the_daemonsets_settings_start_a_daemon_that_refuses_strangers() -> None:
+    """The DaemonSet listens on every address: it starts only because its token comes
+    from the Secret; the same pod without it would be refused at startup (issue 42)."""
+    import argparse
+
+    from aioloader import ConfigError
+    from aioloader.daemon.config import add_arguments, config_from_args
+
+    (daemon,) = _pod("daemonset.yaml")["containers"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(daemon["args"])
+    token = "0123456789abcdef0123456789abcdef"  # what the Secret's command makes
+    env = {
+        e["name"]: e["value"] if "value" in e else token
+        for e in daemon["env"]
+        if e["name"].startswith("AIOLOADER_")
+    }
+    assert "secretKeyRef" in next(e for e in daemon["env"] if e["name"] == "AIOLOADER_TOKEN")[
+        "valueFrom"
+    ]
+    config = config_from_args(args, env)
+    assert config.host == "0.0.0.0" and config.token == token and not config.no_auth
+    env.pop("AIOLOADER_TOKEN")
+    with pytest.raises(ConfigError, match="openssl rand -hex 32"):
+        config_from_args(args, env)
+    # The image's default command listens on every address too: it needs the token.
+    (cmd,) = re.findall(r"^CMD (.+)$", (DEPLOY / "Dockerfile").read_text(), re.MULTILINE)
+    with pytest.raises(ConfigError, match="--no-auth"):
+        config_from_args(parser.parse_args(json.loads(cmd)), {})

@@ -351,3 +351,32 @@ def test_the_daemon_serves_only_files_of_its_ready_models(
         for key in (key_of(config), "0" * 64, "..%2F..%2Fetc%2Fpasswd"):
             status, body = daemon.get(f"/v1/models/{record['id']}/files/{key}")
             assert status == 404, body
+
+
+# -- the daemon's token from a file (issue 42) -----------------------------------------------
+
+
+def test_fetch_reads_the_daemons_token_from_a_file(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    want, weights = _model(http_server.root / "m")
+    src = http_server.url_for("m/model.safetensors.index.json")
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    with running(tmp_path / "cache", "--token-file", str(path)) as daemon:
+        out = _fetch("--daemon", daemon.url, "--token-file", str(path), src,
+                     str(tmp_path / "a"), env=_env(token=None))  # fmt: skip
+        assert out.returncode == 0, out.stderr + daemon.output()
+        assert _files(tmp_path / "a") == want
+        _assert_same_tensors(tmp_path / "a", http_server.root / "m", weights)
+        out = _fetch("--daemon", daemon.url, src, str(tmp_path / "b"),
+                     env=_env(token=None, AIOLOADER_TOKEN_FILE=str(path)))  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        # Given twice: an error naming both, before anything is asked.
+        out = _fetch("--daemon", daemon.url, "--token-file", str(path), src, str(tmp_path / "c"))
+        assert out.returncode == 1 and "--token-file" in out.stderr
+        assert "AIOLOADER_TOKEN " in out.stderr and TOKEN not in out.stderr
+        out = _fetch("--daemon", daemon.url, "--token-file", str(tmp_path / "nope"), src,
+                     str(tmp_path / "c"), env=_env(token=None))  # fmt: skip
+        assert out.returncode == 1 and str(tmp_path / "nope") in out.stderr
+        assert "Traceback" not in out.stderr and not (tmp_path / "c").exists()

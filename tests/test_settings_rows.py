@@ -86,7 +86,8 @@ TOKEN = secrets.token_hex(16)
 
 # A daemon row's variable text, its flag's text, and what each gives.
 _DAEMON: dict[str, tuple[str, list[str], Any, Any]] = {
-    "host": ("0.0.0.0", ["--host", "127.0.0.2"], "0.0.0.0", "127.0.0.2"),
+    # Loopback addresses: another host needs a token (test_daemon_token.py).
+    "host": ("127.0.0.3", ["--host", "127.0.0.2"], "127.0.0.3", "127.0.0.2"),
     "port": ("9000", ["--port", "9001"], 9000, 9001),
     "cache_dir": ("/var/env", ["--cache-dir", "/var/flag"], Path("/var/env"), Path("/var/flag")),
     "max_cache_bytes": ("1GiB", ["--max-cache-bytes", "2GiB"], 1 << 30, 2 << 30),
@@ -127,9 +128,19 @@ def _serve(flags: list[str], environ: dict[str, str]) -> DaemonConfig:
     return config_from_args(parser.parse_args(flags), {"HOME": "/home/h", **environ})
 
 
+def _token_files(folder: Path) -> tuple[str, list[str], str, str]:
+    """The token_file row's case: two files, each holding its own token."""
+    (folder / "env").write_text(TOKEN + "\n")
+    (folder / "flag").write_text(TOKEN[::-1])
+    return str(folder / "env"), ["--token-file", str(folder / "flag")], TOKEN, TOKEN[::-1]
+
+
 @pytest.mark.parametrize("row", DAEMON, ids=[row.name for row in DAEMON])
-def test_a_daemon_row_takes_flag_then_variable_then_default(row: Setting) -> None:
-    text, flags, from_text, from_flag = _DAEMON[row.name]
+def test_a_daemon_row_takes_flag_then_variable_then_default(row: Setting, tmp_path: Path) -> None:
+    if row.name == "token_file":
+        text, flags, from_text, from_flag = _token_files(tmp_path)
+    else:
+        text, flags, from_text, from_flag = _DAEMON[row.name]
     assert getattr(_serve([], {row.variable: text}), row.field) == from_text
     against = "0" if row.name == "no_auth" else text  # the flag can only turn it on
     assert getattr(_serve(flags, {row.variable: against}), row.field) == from_flag

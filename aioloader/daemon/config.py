@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..settings import DAEMON
 from ..swarm.peers import parse_peers
 from .allow import AllowList
-from .auth import read_token
+from .auth import check_open, read_token, token_text
 from .bandwidth import check_bandwidth
 from .priority import check_priority
 from .retry import DEFAULT_RETRY_BACKOFF, DEFAULT_RETRY_BACKOFF_MAX, Backoff
@@ -68,8 +68,10 @@ class DaemonConfig:
         max_cache_bytes: the cache's size limit (None: no limit).
         models: URLs to preload at startup and keep in the cache.
         priorities: (URL, priority) of the preloads whose priority is not 0.
-        token: the bearer token /v1/* requests must carry (None: no check; see auth.py).
+        token: the bearer token /v1/* requests must carry (None: no check; see auth.py),
+            from ``--token``, its variable or the token file.
         no_auth: ``--no-auth``: no token, on purpose (the log then says so more quietly).
+            Without a token, only a loopback ``host`` is accepted (``auth.check_open``).
         allow_prefixes: URLs must lie under one of these, compared as parsed URLs
             segment by segment (empty: any URL); see allow.py.
         concurrency: reads in flight per download (None: the cache's default).
@@ -128,6 +130,7 @@ class DaemonConfig:
         check_number("grace period", self.grace_period, maximum=MAX_SECONDS)
         check_number("max connections", self.max_connections, integer=True, positive=True)
         check_number("client timeout", self.client_timeout, positive=True, maximum=MAX_SECONDS)
+        check_open(self.host, self.token, self.no_auth)
         check_number(_shown("swarm_port"), self.swarm_port, integer=True, maximum=65535)
         check_number(_shown("swarm_wait"), self.swarm_wait, positive=True, maximum=MAX_SECONDS)
         check_number(_shown("swarm_stall"), self.swarm_stall, positive=True, maximum=MAX_SECONDS)
@@ -265,7 +268,10 @@ def config_from_args(
             url, priority = parse_preload(item, where["models"])
             preloads.setdefault(url, priority)  # a URL given twice keeps its first entry
     no_auth = text["no_auth"] is True or _flag(text["no_auth"], where["no_auth"])
-    token = read_token(text["token"], where["token"], no_auth=no_auth)
+    raw, given = token_text(
+        text["token"], where["token"], text["token_file"], where["token_file"], no_auth=no_auth
+    )
+    token = read_token(raw, given, no_auth=no_auth)
     bandwidth, max_bytes = text["max_bandwidth"], text["max_cache_bytes"]
     home = os.environ if environ is None else environ
     numbers = {
