@@ -251,7 +251,9 @@ class VerifyingBlob(ForwardingBlob):
         if self._hashed >= self.size and self._actual is None:  # the last bytes, here or
             self._actual = self._running.result()  # hashed by the read that brought them
             if self._actual == self.digest.value:
-                logger.debug("%s: matches %s", self.url, self.digest.where)
+                logger.debug(
+                    "%s: matches the %s %s", self.url, self.digest.algorithm, self.digest.where
+                )
 
     def _take(self) -> list[_Waiting]:
         """The waiting bytes that continue the hashed prefix, in order."""
