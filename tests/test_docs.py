@@ -98,3 +98,17 @@ def test_every_page_is_linked_from_the_readme_or_another_page() -> None:
     }
     for page in PAGES[1:]:
         assert page.resolve() in linked, f"docs/{page.name} is linked from nowhere"
+
+
+def test_benchmarks_holds_current_results_each_with_its_command() -> None:
+    """docs/benchmarks.md is the current table, not a lab notebook (issue 42): at most
+    500 lines, every section naming the command that produced it; older rounds live in
+    benchmarks-history.md."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert len(text.splitlines()) <= 500
+    assert "(benchmarks-history.md)" in text
+    sections = re.split(r"^##+ ", text, flags=re.MULTILINE)[1:]
+    for section in sections:
+        title, _, body = section.partition("\n")
+        nested = "\n### " in "\n" + body or not body.strip()
+        assert nested or re.search(r"scripts/|python |pytest", body), title
