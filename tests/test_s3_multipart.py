@@ -271,3 +271,34 @@ async def test_a_folder_copy_with_an_empty_object_uploaded_in_one_empty_part(
     _flip(url, 4096)
     with pytest.raises(DigestMismatchError):
         await copy_folder(f"s3://{bucket}/m/", tmp_path / "dest2")
+
+
+async def test_a_store_whose_parts_cannot_be_asked_for_reads_unchecked(
+    s3_env: MotoS3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``HEAD ?partNumber=1`` answers the whole object and part 2 is refused (416), as
+    where a store keeps no parts: the layout is unknown, the object loads unchecked."""
+    path = _model(tmp_path, seed=13)
+    url = _upload_file(s3_env, path, "SHA256")
+    _stored(url).multipart = None  # the ETag still says -3, the checksum is composite
+    caplog.set_level(logging.WARNING, logger="aioloader")
+    assert_matches_files(await load_model(url, **_options(s3_env)), path)
+    assert f"{url}: read unchecked" in caplog.text and "parts could not be asked" in caplog.text
+
+
+@pytest.mark.parametrize("said", ["COMPOSITE", "PARTIAL"])
+async def test_a_single_part_object_said_to_be_composite_reads_unchecked(
+    s3_env: MotoS3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture, said: str
+) -> None:
+    """A store that says COMPOSITE (or a type S3 does not have) of an object uploaded in
+    one piece, with no part count anywhere: its checksum cannot be read either way."""
+    path = _model(tmp_path, seed=14, size=1 << 20)
+    bucket = f"mp-{uuid.uuid4().hex[:16]}"
+    with _boto3(s3_env) as s3:
+        s3.create_bucket(Bucket=bucket)
+        s3.put_object(Bucket=bucket, Key="m/model.safetensors", Body=path.read_bytes())
+    url = f"s3://{bucket}/m/model.safetensors"
+    _stored(url).metadata["x-amz-checksum-type"] = said
+    caplog.set_level(logging.WARNING, logger="aioloader")
+    assert_matches_files(await load_model(url, **_options(s3_env)), path)
+    assert f"{url}: read unchecked" in caplog.text and said in caplog.text

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
+from typing import cast
 from urllib.parse import quote, urlencode
 
 from ...config import HttpOptions, S3Options
-from ...errors import NotFoundError
+from ...errors import NotFoundError, SourceError
 from ...redact import redacting_logger
 from ...threads import Lanes
 from ...throttle import LimiterStatistics
@@ -120,7 +121,7 @@ class S3Source(Source):
         where = f"S3 publishes ({found.header})"
         if found.problem is None and found.kind == "whole":
             return Digest(found.algorithm, found.value, "base64", where)
-        size = int(headers.get("content-length", "-1"))
+        size = _length(headers)
         problem = found.problem
         if problem is None:
             parts, problem = await self._parts(url, size, found.parts)
@@ -140,11 +141,14 @@ class S3Source(Source):
         """The sizes of the object's ``count`` parts, from the first one's when they are
         all of its size but the last (an SDK's uploads: checked again on a mismatch, see
         ``_confirm``), else from every part's; or why they cannot be known."""
-        first = await self._head(url, 1)
-        said = first.get("x-amz-mp-parts-count")
-        if said is not None and said.strip() != str(count):
-            return (), f"its parts say they are {said.strip()}, not {count}"
-        guess = guess_parts(size, int(first.get("content-length", "0")), count)
+        try:
+            first = await self._head(url, 1)
+        except SourceError as exc:
+            return (), f"its first part could not be asked for: {exc}"
+        said = first.get("x-amz-mp-parts-count", "").strip()
+        if said and said != str(count):
+            return (), f"its parts say they are {said}, not {count}"
+        guess = guess_parts(size, _length(first), count)
         if guess is not None:
             return guess, None
         return await self._every_part(url, size, count)
@@ -152,10 +156,19 @@ class S3Source(Source):
     async def _every_part(
         self, url: str, size: int, count: int
     ) -> tuple[tuple[int, ...], str | None]:
-        heads = await asyncio.gather(*(self._head(url, n) for n in range(1, count + 1)))
-        parts = tuple(int(head.get("content-length", "-1")) for head in heads)
-        if sum(parts) != size or min(parts) < (0 if count == 1 else 1):
-            return (), f"its {count} parts hold {', '.join(map(str, parts))} bytes, not {size}"
+        failed: SourceError | None = None
+        try:
+            async with asyncio.TaskGroup() as group:
+                heads = [group.create_task(self._head(url, n)) for n in range(1, count + 1)]
+        except* SourceError as errors:
+            failed = cast(SourceError, errors.exceptions[0])
+        if failed is not None:
+            return (), f"its parts could not be asked for: {failed}"
+        parts = tuple(_length(head.result()) for head in heads)
+        if sum(parts) != size:
+            return (), f"its {count} parts hold {sum(parts)} bytes, not {size}"
+        if count > 1 and min(parts) < 1:
+            return (), f"its part {parts.index(min(parts)) + 1} is empty"
         return parts, None
 
     async def _confirm(self, url: str, size: int, parts: tuple[int, ...]) -> bool:
@@ -243,3 +256,9 @@ class S3Source(Source):
 
     async def aclose(self) -> None:
         await self._store.aclose()
+
+
+def _length(headers: dict[str, str]) -> int:
+    """A HEAD's Content-Length; -1 where it gives none that is a number."""
+    value = headers.get("content-length", "").strip()
+    return int(value) if value.isascii() and value.isdigit() else -1
