@@ -376,7 +376,7 @@ def test_a_follower_killed_mid_swarm_download_restarts_and_finishes_from_peers(
 
 
 @needs_swarm
-def test_a_node_outside_the_list_cannot_take_part(
+def test_a_node_without_the_token_cannot_take_part(
     origin: Origin, model: Model, make_fleet: MakeFleet
 ) -> None:
     from aioloader.swarm.manifest import model_key
@@ -388,8 +388,9 @@ def test_a_node_outside_the_list_cannot_take_part(
         assert fleet[0].get(path, token="")[0] == 401
         assert fleet[0].get(path, token="0" * 32)[0] == 401
         assert fleet[0].get(path)[0] == 200
-    # Even holding the token, a node the others do not list gets no piece from them.
-    outsider = fleet.add(listed=False)
+    # A node that does not hold the token gets no piece from them, listed or not (one
+    # that holds it is a peer wherever it is: test_swarm_trust.py).
+    outsider = fleet.add(listed=False, token="b" * 32)
     origin.reset_counters()
     fleet.start(outsider.index)
     fleet.post(outsider.index, url, "llm")

@@ -206,4 +206,4 @@ def test_a_deleted_model_leaves_the_manifest_and_the_session(
         assert node.get(manifest)[0] == 404
         assert node.get("/v1/swarm/node")[1]["seeding"] == 0
     finally:
-        assert node.stop() == 0
+        assert node.stop() == 0, node.output()[-4000:]

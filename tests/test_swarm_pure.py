@@ -20,6 +20,7 @@ from aioloader.swarm.manifest import (
     file_name,
     model_key,
     parse,
+    torrent_name,
 )
 from aioloader.swarm.peers import MAX_PEERS, PeerAddress, parse_peers, resolve
 from aioloader.swarm.rendezvous import ranked, weight
@@ -177,11 +178,44 @@ def _doc(**changes: object) -> dict[str, object]:
 
 def test_model_key_is_credential_free_and_shared() -> None:
     plain = model_key("https://h/m/?versionId=3")
-    assert model_key("https://user:secret@h/m/?versionId=7") == plain
+    assert model_key("https://user:secret@h/m/?versionId=3") == plain
     assert model_key("https://h/m/?versionId=3#frag") == plain
+    assert model_key("https://h/m/?versionId=3&X-Amz-Signature=ab&X-Amz-Credential=k") == plain
     assert model_key("https://h/m/") != plain
     assert len(plain) == 64 and "secret" not in plain
-    assert file_name("https://h/m/a.safetensors?X-Amz-Signature=s") == "a.safetensors"
+
+
+@pytest.mark.parametrize(
+    "one, other",
+    [
+        ("https://h/m/?rev=1", "https://h/m/?rev=2"),
+        ("s3://b/m/?versionId=1", "s3://b/m/?versionId=2"),
+        ("gs://b/m/?generation=1", "gs://b/m/?generation=2"),
+        ("az://a/c/m/?snapshot=2026-01-01", "az://a/c/m/?snapshot=2026-02-01"),
+    ],
+)
+def test_versions_of_one_model_have_keys_of_their_own(one: str, other: str) -> None:
+    """A query value that picks a version keeps it apart: ``?rev=2`` was served rev 1's
+    bytes from a peer when the key dropped every query value."""
+    assert model_key(one) != model_key(other)
+
+
+def test_files_go_by_their_path_within_the_origin() -> None:
+    """``a/model.safetensors`` and ``b/model.safetensors`` were one name (the base
+    name): a node asked for one received the other."""
+    assert file_name("https://h/m/a.safetensors?X-Amz-Signature=s") == "m/a.safetensors"
+    assert file_name("https://h/m/a/model.safetensors") != file_name(
+        "https://h/m/b/model.safetensors"
+    )
+    assert torrent_name("m/a/model.safetensors") == "model.safetensors"
+
+
+def test_a_manifest_takes_paths_but_no_way_out() -> None:
+    good = _doc(file={"name": "m/a/model.safetensors"})
+    assert parse(good, "p", KEY).files[0].name == "m/a/model.safetensors"
+    for bad in ("m/../x", "/abs", "m//x", "m/./x", "a\\b", "x" * 256 + "/y", "m/" * 600):
+        with pytest.raises(ManifestError):
+            parse(_doc(file={"name": bad}), "p", KEY)
 
 
 def test_manifest_round_trip_never_shows_credentials() -> None:
@@ -216,11 +250,11 @@ def test_manifest_round_trip_never_shows_credentials() -> None:
         ({"file": {"size": "10"}}, "size is not an integer"),
         ({"file": {"size": MAX_FILE_SIZE + 1}}, "size is not an integer"),
         ({"file": {"done": 11}}, "done is not an integer from 0 to 10"),
-        ({"file": {"name": ".."}}, "not a plain file name"),
-        ({"file": {"name": "../../etc/passwd"}}, "not a plain file name"),
-        ({"file": {"name": "a/b"}}, "not a plain file name"),
-        ({"file": {"name": "a\\b"}}, "not a plain file name"),
-        ({"file": {"name": ""}}, "not a plain file name"),
+        ({"file": {"name": ".."}}, "not a relative path of plain names"),
+        ({"file": {"name": "../../etc/passwd"}}, "not a relative path of plain names"),
+        ({"file": {"name": "a//b"}}, "not a relative path of plain names"),
+        ({"file": {"name": "a\\b"}}, "not a relative path of plain names"),
+        ({"file": {"name": ""}}, "not a relative path of plain names"),
         ({"file": {"name": "a\x00b"}}, "control character"),
         ({"file": {"name": 3}}, "name is not a string"),
         ({"file": {"etag": 3}}, "etag is not a string"),

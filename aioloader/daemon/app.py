@@ -18,7 +18,8 @@ Routes::
     DELETE /v1/models/{id}     cancel its download, drop it from the registry and cache
     GET    /v1/swarm/...       what peer daemons ask (swarm_api.py)
 
-With a token configured, /v1/* requires ``Authorization: Bearer <token>``;
+With a token configured, /v1/* requires ``Authorization: Bearer <token>``, but for
+the swarm's routes, which peers ask with a proof instead (swarm_api.py);
 /health, /ready and /metrics stay open, since kubelet probes and most scrapers
 send no credentials and none of the three shows a secret: every URL is shown
 with its user info and query values redacted. The probes answer from memory
@@ -52,6 +53,7 @@ from .downloads import Downloads
 from .metrics import CONTENT_TYPE, Metrics
 from .priority import check_priority
 from .state import ID_PATTERN, ModelRecord, Registry, display_url
+from ..swarm.proof import REQUEST_HEADER
 from .swarm_api import add_swarm_routes
 from .watch import CacheWatch
 
@@ -190,6 +192,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     token = request.app[STATE].token
+    if request.path.startswith("/v1/swarm/") and REQUEST_HEADER in request.headers:
+        return await handler(request)  # a peer's proof, checked by the route (swarm_api.py)
     if token and request.path.startswith("/v1/"):
         given = request.headers.get("Authorization", "")
         scheme, _, value = given.partition(" ")
@@ -201,6 +205,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
                 "unauthorized",
                 "send the daemon's token as 'Authorization: Bearer <token>'",
             )
+        request["bearer"] = True
     return await handler(request)
 
 
@@ -368,5 +373,5 @@ def make_app(state: DaemonState, *outer: Middleware) -> web.Application:
     app.router.add_get("/v1/models/{id}", get_model)
     app.router.add_delete("/v1/models/{id}", delete_model)
     app.router.add_get("/v1/models/{id}/files/{key}", model_file)
-    add_swarm_routes(app, lambda: state.coordinator)
+    add_swarm_routes(app, lambda: state.coordinator, lambda: state.token)
     return app

@@ -331,7 +331,7 @@ class Downloads:
 
         try:
             cached: CachedModel = await self._coordinator.fetch(
-                record.url, self._cache.fetch, **kwargs
+                record.url, self._cache, **kwargs
             )
         finally:
             reads = self._coordinator.reads.get(model_key(record.url))

@@ -1,8 +1,20 @@
-"""The routes peer daemons ask (behind the token, like every ``/v1/*`` route)::
+"""The routes peer daemons ask::
 
     GET /v1/swarm/node          {"node": <id>, "swarm": "ip:port", "seeding": <files>}
     GET /v1/swarm/models/{key}  the model's manifest (swarm/manifest.py), or 404
                                 {"error": "not_held", "node": <id>, "swarm": "ip:port"}
+
+A peer proves it holds the cluster's token without sending it (swarm/proof.py): its
+request is signed in ``X-Aioloader-Peer``, checked here before anything is answered
+(401 ``peer_unproven`` otherwise), and the answer is signed in ``X-Aioloader-Proof``
+for the peer to check in turn. A proven peer's swarm address is let through the
+swarm's IP filter at once (``Coordinator.admit``): a pod back on a new address is
+served by an idle holder. An operator may still ask with the bearer token (no proof
+then, and none given).
+
+A manifest answer carries an ETag; ``If-None-Match`` with it gets a 304, and the
+encoded manifest is kept until it changes: a follower asking twice a second costs
+neither an encoding nor the torrents sent again.
 
 Without peers configured both answer 404 ``no_swarm``. A manifest never shows a
 URL's credentials; its ``swarm`` address is this node's as the asking peer reached it
@@ -12,13 +24,20 @@ when the swarm listens on every interface. Both look at the seeded files first (
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from ..redact import redacting_logger
+from ..swarm.proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof, ProofError
+
 __all__ = ["add_swarm_routes"]
+
+logger = redacting_logger(__name__)
 
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 
@@ -36,19 +55,62 @@ def _advertised(request: web.Request, coordinator: Any) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
-def add_swarm_routes(app: web.Application, coordinator: Callable[[], Any]) -> None:
-    """The two routes; ``coordinator()`` gives the daemon's (None without peers)."""
+def _signed(response: web.Response, proof: PeerProof | None, nonce: str | None) -> web.Response:
+    """``response`` with its proof for the peer that asked with ``nonce`` (if any)."""
+    if proof is not None and nonce is not None and proof.enabled:
+        body = response.body if isinstance(response.body, bytes) else b""
+        etag = response.headers.get("ETag", "")
+        response.headers[ANSWER_HEADER] = proof.sign_answer(nonce, response.status, etag, body)
+    return response
+
+
+def _manifest_body(held: Any, key: str, manifest: Any, swarm: str) -> tuple[bytes, str]:
+    """The encoded manifest and its ETag, kept until the manifest or address changes."""
+    kept = held.encoded.get(key)
+    if kept is not None and kept[0] is manifest and kept[1] == swarm:
+        return kept[2], kept[3]
+    body = json.dumps(manifest.as_dict(swarm), separators=(",", ":")).encode()
+    etag = f'"{hashlib.sha256(body).hexdigest()[:40]}"'
+    held.encoded[key] = (manifest, swarm, body, etag)
+    return body, etag
+
+
+def add_swarm_routes(
+    app: web.Application,
+    coordinator: Callable[[], Any],
+    token: Callable[[], str | None] = lambda: None,
+) -> None:
+    """The two routes; ``coordinator()`` gives the daemon's (None without peers),
+    ``token()`` the daemon's token (a peer's proof is checked with it)."""
 
     def answering(
         handler: Callable[[web.Request, Any], Awaitable[web.Response]],
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             held = coordinator()
+            proof: PeerProof = held.proof if held is not None else PeerProof(token())
+            nonce = None
+            header = request.headers.get(REQUEST_HEADER)
+            if header is None and proof.enabled and not request.get("bearer"):
+                return _refusal(401, "peer_unproven", f"no {REQUEST_HEADER} header")
+            if header is not None:
+                try:
+                    signed = proof.check_request(header, request.method, request.path_qs)
+                except ProofError as exc:
+                    logger.warning("swarm request from %s refused: %s", request.remote, exc)
+                    detail = (
+                        f"{exc}; peers prove they share the cluster's token (the same "
+                        "AIOLOADER_TOKEN on every node, clocks in sync)"
+                    )
+                    return _refusal(401, "peer_unproven", detail)
+                nonce = signed.nonce
+                if held is not None:
+                    await held.admit(signed.swarm, request.remote)
             if held is None:
                 detail = "this daemon shares no models: start it with --peers"
-                return _refusal(404, "no_swarm", detail)
+                return _signed(_refusal(404, "no_swarm", detail), proof, nonce)
             await held.check_held()
-            return await handler(request, held)
+            return _signed(await handler(request, held), proof, nonce)
 
         return handle
 
@@ -66,7 +128,10 @@ def add_swarm_routes(app: web.Application, coordinator: Callable[[], Any]) -> No
         if manifest is None:
             swarm = _advertised(request, held)  # a peer to trade pieces with all the same
             return _refusal(404, "not_held", "no such model here", node=held.node, swarm=swarm)
-        return web.json_response(manifest.as_dict(_advertised(request, held)))
+        body, etag = _manifest_body(held, key, manifest, _advertised(request, held))
+        if etag in request.headers.get("If-None-Match", ""):
+            return web.Response(status=304, headers={"ETag": etag})
+        return web.Response(body=body, content_type="application/json", headers={"ETag": etag})
 
     app.router.add_get("/v1/swarm/node", answering(node))
     app.router.add_get("/v1/swarm/models/{key}", answering(model))

@@ -7,12 +7,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from .digests import Digest
 
-__all__ = ["Blob", "CacheOutcome", "ForwardingBlob", "Landing", "Source", "aclose_all", "clip"]
+__all__ = [
+    "Blob",
+    "CacheOutcome",
+    "Current",
+    "ForwardingBlob",
+    "Landing",
+    "Source",
+    "aclose_all",
+    "clip",
+]
 
 #: What a cache did for one file of a load: read it from the cache, or filled the cache.
 CacheOutcome = Literal["hit", "miss"]
@@ -136,6 +145,14 @@ class ForwardingBlob(Blob):
         await self.inner.aclose()
 
 
+class Current(NamedTuple):
+    """A file's size and validators as its store has it now (``Source.current``)."""
+
+    size: int
+    etag: str | None
+    last_modified: str | None
+
+
 class Source(ABC):
     """A kind of storage that can list folders and open files."""
 
@@ -161,6 +178,17 @@ class Source(ABC):
         """Return once ``open(url)`` would not wait for another node to list the file (a
         swarm's followed node): a caller holding one of a few slots waits here first.
         Here: at once."""
+
+    async def current(self, url: str) -> Current:
+        """The size and validators of the file at ``url`` as the store has it now, to
+        tell whether a copy that came another way (a peer's, swarm/source.py) is of
+        this version. Here: the file is opened and closed (a store that can answer
+        without sending bytes, with a HEAD, says so itself)."""
+        blob = await self.open(url)
+        try:
+            return Current(blob.size, blob.etag, blob.last_modified)
+        finally:
+            await blob.aclose()
 
     async def read_file(self, url: str) -> bytes:
         """The whole small file at ``url`` (an index): opened, read and closed here; a

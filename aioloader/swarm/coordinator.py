@@ -20,40 +20,46 @@ origin itself.
    and the rest ranked again, which may make this node the one to pull its files from
    the origin (files already in the cache are not fetched again).
 
-After a fetch, this node offers every file of the model (seeded from its cache
-entries) and its manifest says ``complete``.
+Before it follows anyone for a file, a node asks the origin for the file's current
+version (swarm/source.py): a file its cache holds at that version is offered at once
+(a warm fleet restarted all at once gets ready without waiting for each other), and a
+followed node's copy of another version is never taken. After a fetch, this node
+offers every file of the model (seeded from its cache entries) and its manifest says
+``complete``. Two fetches of one model on one node take turns: the second finds the
+first's files in the cache.
+
+Peers prove they hold the cluster's token both ways without sending it (proof.py,
+asking.py); the swarm's IP filter follows the proven peers (admission.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..errors import LoaderError
 from ..redact import redacting_logger
-from ..sources.base import Source
-from ..threads import Lane, run_blocking
-from .follower import Answer, Follower, ask, known_torrent, leads
-from .held import Held, HeldFile
+from ..sources.base import Current, Source
+from .admission import Admission
+from .asking import Asker
+from .follower import Answer, Follower, known_torrent, leads
 from .manifest import (
-    FileOffer,
     Manifest,
     State,
     file_name,
     model_key,
 )
-from .peers import PeerAddress, resolve
+from .offers import Offers
+from .peers import PeerAddress
 from .plan import Plan, share_of, watched
+from .proof import PeerProof
 from .session import Swarm, SwarmError
 from .source import Reads, SwarmSource
-from .torrents import info_hash, make_torrent
 
 __all__ = ["Coordinator", "Follower"]
 
@@ -63,7 +69,7 @@ SETTLE = 5  # times ``wait``: how long silent peers are asked again before ranki
 HELD_CHECK = 5.0  # seconds between looks at the seeded files, for other processes' removals
 
 
-class Coordinator:
+class Coordinator(Offers):
     """The daemon's side of the swarm: manifests of its models, fetches through peers.
 
     Args:
@@ -86,21 +92,17 @@ class Coordinator:
         scratch: Path,
         advertised: str,
     ) -> None:
-        self.swarm = swarm
+        super().__init__(swarm, node, advertised)
         self.peers = peers
-        self.node = node
-        self.token = token
         self.wait = wait
         self.scratch = scratch
-        self.advertised = advertised
-        self.manifests: dict[str, Manifest] = {}
         self.reads: dict[str, Reads] = {}
-        self.held = Held()
-        self._fetching: set[str] = set()
-        self._lane = Lane("resolve", 1)
-        self._looks = Lane("held", 1)  # stat calls, never behind a torrent being made
+        self.proof = PeerProof(token)
+        self.admission = Admission(swarm, peers, self.proof.enabled)
+        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # a model's fetches, in turn
         self._watch: asyncio.Task[None] | None = None
         self._client: Any = None
+        self._asker: Asker | None = None
         self._apis: list[str] = []
 
     def __repr__(self) -> str:
@@ -109,8 +111,11 @@ class Coordinator:
     async def __aenter__(self) -> Coordinator:
         import aiohttp
 
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        self._client = aiohttp.ClientSession(headers=headers)
+        # No token in any header: a peer is sent a proof instead (proof.py).
+        self._client = aiohttp.ClientSession()
+        self._asker = Asker(
+            self._client, self.proof, self.node, self.advertised, self.wait, self._lane
+        )
         self._watch = asyncio.get_running_loop().create_task(
             self._watching(), name="aioloader swarm held files"
         )
@@ -125,67 +130,43 @@ class Coordinator:
             if self._client is not None:
                 await self._client.close()
         finally:
-            self._lane.close()
-            self._looks.close()
+            self.close()
+            self.admission.close()
 
-    # -- files that leave the cache while seeded ------------------------------------------
+    # -- files that leave the cache while seeded, and the peers' addresses ---------------
 
     async def _watching(self) -> None:
         while True:
             await asyncio.sleep(HELD_CHECK)
             try:
                 await self.check_held()
-            except (OSError, LoaderError) as exc:  # the disk misbehaves: say so, go on
-                logger.warning("checking the seeded files failed: %s", exc)
-
-    async def check_held(self) -> None:
-        """Stop offering the files that left the cache (evicted, deleted, replaced): their
-        torrents leave the session; a model no longer whole here, and not being fetched,
-        leaves the manifests with every torrent of it."""
-        for gone in await run_blocking(self._looks, self.held.gone):
-            await self._unoffer(gone)
-
-    async def _unoffer(self, gone: HeldFile) -> None:
-        await self.swarm.remove(gone.info_hash)
-        manifest = self.manifests.get(gone.key)
-        logger.info("%s left the cache: no longer offered to peers", gone.path)
-        if manifest is None:
-            return
-        if gone.key in self._fetching:
-            self.manifests[gone.key] = manifest.without(gone.name)
-        else:
-            await self._withdraw(gone.key)
-
-    async def _withdraw(self, key: str) -> None:
-        """Offer nothing of the model ``key`` any more."""
-        self.manifests.pop(key, None)
-        for held in self.held.drop(key):
-            await self.swarm.remove(held.info_hash)
+                await self.admission.refresh()  # an idle holder's filter follows too
+            except (OSError, LoaderError, SwarmError) as exc:  # say so, go on
+                logger.warning("checking the seeded files or the peers failed: %s", exc)
 
     async def _peers(self) -> list[str]:
         """Every peer API address, resolved now; the swarm's filter follows."""
-        found = await resolve(self.peers, self._lane)
-        await self.swarm.allow(ip for ip, _ in found)
-        self._apis = [f"[{ip}]:{p}" if ":" in ip else f"{ip}:{p}" for ip, p in found]
+        self._apis = await self.admission.resolve()
         return self._apis
 
     async def ask(self, api: str, key: str) -> Answer | None:
-        """A peer's answer about the model ``key`` (None: no usable answer)."""
-        return await ask(self._client, api, key, self.wait, self._lane)
+        """A peer's answer about the model ``key`` (None: no usable answer, or no proof
+        that it holds the token); a proven peer's swarm address is admitted."""
+        assert self._asker is not None, "used outside its async with"
+        answer = await self._asker.ask(api, key)
+        if answer is not None:
+            await self.admission.learn([answer.swarm])
+        return answer
 
-    # -- the manifests this node offers ---------------------------------------------------
+    async def admit(self, swarm: str, remote: str | None) -> None:
+        """A peer that proved it holds the token asked from ``remote``, its swarm at
+        ``swarm``: both are let through the swarm's filter (swarm_api.py)."""
+        await self.admission.learn([swarm, remote])
 
-    def _note(self, key: str) -> Callable[[FileOffer], None]:
-        def noted(offer: FileOffer) -> None:
-            manifest = self.manifests[key]
-            known = manifest.file(offer.name)
-            if known is None or known.torrent is None:
-                self.manifests[key] = manifest.with_file(offer)
-
-        return noted
+    # -- one try of a fetch ----------------------------------------------------------------
 
     def _attempt(
-        self, key: str, reads: Reads, plan: Plan
+        self, key: str, reads: Reads, plan: Plan, cache: Any
     ) -> tuple[
         Callable[[Source, Executor], Source],
         Callable[[str, Path, Any], Awaitable[None]],
@@ -195,9 +176,14 @@ class Coordinator:
         the sources the hook made."""
         made: list[SwarmSource] = []
 
+        async def held(url: str, current: Current) -> Path | None:
+            return await self._held_here(key, cache, url, current)
+
         def hook(origin: Source, lane: Executor) -> Source:
             made.append(
-                SwarmSource(origin, lane, self.swarm, self.scratch, reads, plan, self._note(key))
+                SwarmSource(
+                    origin, lane, self.swarm, self.scratch, reads, plan, self._note(key), held
+                )
             )
             return made[-1]
 
@@ -219,43 +205,28 @@ class Coordinator:
 
         return on_file
 
-    async def _publish(
-        self,
-        key: str,
-        url: str,
-        data: Path,
-        size: int,
-        etag: Any,
-        modified: Any,
-        torrent: bytes | None = None,
-    ) -> None:
-        """Seed a committed file and show its torrent in the model's manifest; ``torrent``:
-        the followed node's for these very bytes, else it is made (hashing the file)."""
-        name = file_name(url)
-        try:
-            if torrent is None:
-                torrent = await run_blocking(self._lane, lambda: make_torrent(data, name))
-            await self.swarm.seed(torrent, data)
-        except (OSError, LoaderError) as exc:
-            logger.warning("%s: not offered to peers: %s", url, exc)
-            return
-        key_of = info_hash(torrent)
-        old = await run_blocking(self._looks, lambda: self.held.add(key, name, key_of, data))
-        if old is not None:
-            await self.swarm.remove(old.info_hash)  # a new version of the file
-        offer = FileOffer(name, url, size, etag, modified, size, torrent)
-        self.manifests[key] = self.manifests[key].with_file(offer)
-        logger.info("offering %s to peers (%s)", name, info_hash(torrent)[:12])
-
     # -- a fetch --------------------------------------------------------------------------
 
-    async def fetch(self, url: str, fetch: Callable[..., Awaitable[Any]], **kwargs: Any) -> Any:
-        """``fetch(url, source=..., on_file=..., **kwargs)`` (a ModelCache's) through the
-        swarm; returns its CachedModel."""
+    async def fetch(self, url: str, cache: Any, **kwargs: Any) -> Any:
+        """``cache.fetch(url, source=..., on_file=..., **kwargs)`` (a ModelCache's)
+        through the swarm; returns its CachedModel. Fetches of one model take turns."""
         key = model_key(url)
+        lock, users = self._turns.get(key, (asyncio.Lock(), 0))
+        self._turns[key] = (lock, users + 1)
+        try:
+            async with lock:
+                return await self._fetch_alone(key, url, cache, **kwargs)
+        finally:
+            lock, users = self._turns[key]
+            if users == 1:
+                del self._turns[key]
+            else:
+                self._turns[key] = (lock, users - 1)
+
+    async def _fetch_alone(self, key: str, url: str, cache: Any, **kwargs: Any) -> Any:
         self._fetching.add(key)
         try:
-            return await self._fetch(key, url, fetch, **kwargs)
+            return await self._fetch(key, url, cache, **kwargs)
         except BaseException:
             manifest = self.manifests.get(key)
             if manifest is not None and manifest.state != "complete":
@@ -264,9 +235,7 @@ class Coordinator:
         finally:
             self._fetching.discard(key)
 
-    async def _fetch(
-        self, key: str, url: str, fetch: Callable[..., Awaitable[Any]], **kwargs: Any
-    ) -> Any:
+    async def _fetch(self, key: str, url: str, cache: Any, **kwargs: Any) -> Any:
         reads = self.reads.setdefault(key, Reads())  # over every try of the model
         manifest = self.manifests.setdefault(key, Manifest(key, url, self.node, self.advertised))
         if manifest.state != "complete":
@@ -280,9 +249,9 @@ class Coordinator:
                 state: State = "following" if plan.whole is not None else "fetching"
                 self.manifests[key] = replace(self.manifests[key], state=state)
             logger.info("%s: %s", url, plan)
-            hook, on_file, made = self._attempt(key, reads, plan)
+            hook, on_file, made = self._attempt(key, reads, plan, cache)
             try:
-                work = fetch(url, source=hook, on_file=on_file, **plan.options(kwargs))
+                work = cache.fetch(url, source=hook, on_file=on_file, **plan.options(kwargs))
                 followed = list(plan.followers.values())
                 cached = await (watched(work, followed) if followed else work)
             except (SwarmError, LoaderError) as exc:
@@ -349,28 +318,6 @@ class Coordinator:
                 if offer.torrent is not None or offer.name not in listed:
                     listed[offer.name] = answer.node
         return Plan(key, self.node, cohort, followers, listed=listed)
-
-    async def _seed_all(self, key: str, cached: Any) -> None:
-        manifest = self.manifests[key]
-        for url, path in cached.files.items():
-            offer = manifest.file(file_name(url))
-            if offer is not None and offer.torrent is not None:
-                with contextlib.suppress(ValueError):
-                    if self.swarm.seeding(info_hash(offer.torrent)):
-                        continue
-            data = Path(path)
-            size, etag, modified = await run_blocking(self._lane, partial(_version, data))
-            await self._publish(key, url, data, size, etag, modified)
-
-
-def _version(data: Path) -> tuple[int, Any, Any]:
-    """The size of ``data``, and the (etag, last_modified) its entry records."""
-    size = data.stat().st_size
-    try:
-        meta = json.loads((data.parent / "meta.json").read_text())
-    except (OSError, ValueError):
-        return size, None, None
-    return size, meta.get("etag"), meta.get("last_modified")
 
 
 async def _gather(coros: Any) -> list[Any]:

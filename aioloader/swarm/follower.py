@@ -8,37 +8,22 @@ own reads have their timeouts; a fetch that fails withdraws its manifest)."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..redact import redacting_logger
-from ..threads import run_blocking
+from .asking import Answer
 from .download import SwarmError, SwarmStalled
-from .manifest import FileOffer, Manifest, ManifestError, parse, swarm_address
-from .torrents import describe
+from .manifest import FileOffer
 
-__all__ = ["MAX_ANSWER", "Answer", "Follower", "ask", "known_torrent", "leads"]
+__all__ = ["Answer", "Follower", "known_torrent", "leads"]
 
 T = TypeVar("T")
 
 _POLL = 0.25  # seconds between looks at a followed node's manifest
 _WATCH = 0.5  # seconds between looks at a followed node while a fetch follows it
-MAX_ANSWER = 64 << 20  # bytes of a peer's answer read at most
 
 logger = redacting_logger(__name__)
-
-
-@dataclass
-class Answer:
-    """A peer that answered: its API address, node id and manifest of the model (if any)."""
-
-    api: str
-    node: str
-    manifest: Manifest | None
-    swarm: str | None = None  # its swarm address: every node trades pieces
 
 
 class Follower:
@@ -104,8 +89,10 @@ class Follower:
             return
         if answer.manifest is None:
             raise SwarmError(f"{self!r} no longer offers the model")
-        if answer.manifest != self.manifest or answer.manifest.state == "fetching":
-            self._moved = loop.time()  # a node pulling from the origin is not stalled
+        if answer.manifest != self.manifest:
+            # A node pulling from the origin moves: its manifest shows the bytes it has
+            # read. Saying "fetching" alone is no progress (a peer could say it for ever).
+            self._moved = loop.time()
         self.manifest = answer.manifest
 
     async def unless_gone(self, work: Awaitable[T]) -> T:
@@ -180,60 +167,3 @@ def known_torrent(follow: Follower | None, name: str, size: int, etag: Any) -> b
 def leads(answer: Answer) -> bool:
     """Whether ``answer``'s node holds the model or pulls it from the origin."""
     return answer.manifest is not None and answer.manifest.state != "following"
-
-
-async def ask(client: Any, api: str, key: str, wait: float, lane: Executor) -> Answer | None:
-    """A peer's answer about the model ``key`` (None: no usable answer), asked with the
-    aiohttp session ``client`` within ``wait`` seconds; ``lane`` parses its manifest."""
-    import aiohttp
-
-    url = f"http://{api}/v1/swarm/models/{key}"
-    try:
-        async with asyncio.timeout(wait):
-            async with client.get(url) as response:
-                status = response.status
-                raw = await _body(response, MAX_ANSWER)
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        logger.debug("peer %s: no answer (%s)", api, exc)
-        return None
-    except ValueError as exc:
-        logger.warning("peer %s: %s; ignored", api, exc)
-        return None
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        logger.warning("peer %s: its answer is not JSON (HTTP %d); ignored", api, status)
-        return None
-    node = doc.get("node") if isinstance(doc, dict) else None
-    if not isinstance(node, str) or not 0 < len(node) <= 64 or not node.isalnum():
-        logger.warning("peer %s: its answer names no node (HTTP %d); ignored", api, status)
-        return None
-    if status == 404:
-        try:
-            swarm = swarm_address(doc.get("swarm"))
-        except ManifestError:
-            swarm = None  # it cannot trade pieces; it still counts in the ranking
-        return Answer(api, node, None, swarm)
-    if status != 200:
-        logger.warning("peer %s: HTTP %d for a manifest; ignored", api, status)
-        return None
-    try:
-        manifest = await run_blocking(lane, lambda: parse(doc, api, key, describe))
-    except ManifestError as exc:
-        logger.warning("%s", exc)
-        return None
-    if manifest.node != node:
-        return None
-    return Answer(api, node, manifest, manifest.swarm)
-
-
-async def _body(response: Any, limit: int) -> bytes:
-    """The whole body, as many chunks as it comes in; ValueError past ``limit`` bytes
-    (``content.read(n)`` returns what has arrived, a manifest's first chunk only)."""
-    chunks, total = [], 0
-    async for chunk in response.content.iter_any():
-        total += len(chunk)
-        if total > limit:
-            raise ValueError(f"an answer over {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)

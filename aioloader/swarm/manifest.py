@@ -11,9 +11,14 @@ A manifest::
 it waits for or downloads from another node (or has not chosen yet): nobody follows it,
 or two nodes could each wait for the other; ``complete``, it holds every file.
 
-``model_key`` is the sha256 of the URL without user info and without query values,
-so every node computes the same key and neither the key nor the manifest carries a
-secret. A manifest comes from a peer, which may lie: ``parse`` checks every field
+``model_key`` is the sha256 of the URL without user info and without the query
+parameters that sign it (``redact.without_credentials``, as the node cache keys its
+entries): every node computes the same key for the same object, whoever signed its
+URL, while the parameters that name a version (``?rev=2``, S3 ``versionId``, GCS
+``generation``, Azure ``snapshot``) keep versions apart; neither the key nor the
+manifest carries a secret. A file goes by its path within the origin (``file_name``),
+so ``a/model.safetensors`` and ``b/model.safetensors`` never meet; its torrent is
+named by the last segment. A manifest comes from a peer, which may lie: ``parse`` checks every field
 (types, sizes, names that could leave a folder, torrents that do not describe the
 file they are given for) and refuses the whole manifest, naming the peer.
 """
@@ -31,7 +36,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import FormatError
-from ..redact import redact
+from ..redact import redact, without_credentials
 
 __all__ = [
     "MAX_FILE_SIZE",
@@ -42,6 +47,7 @@ __all__ = [
     "model_key",
     "parse",
     "swarm_address",
+    "torrent_name",
 ]
 
 State = Literal["fetching", "following", "complete"]
@@ -59,27 +65,33 @@ class ManifestError(FormatError):
 
 
 def model_key(url: str) -> str:
-    """sha256 hex of ``url`` without user info, query values and fragment."""
+    """sha256 hex of ``url`` without user info, signing parameters and fragment; the
+    parameters that pick a version stay (``redact.without_credentials``)."""
+    bare = without_credentials(url)
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(bare)
     except ValueError:
         parts = None
-    if parts is None:
-        bare = url
-    else:
-        netloc = parts.netloc.rpartition("@")[2]
-        names = "&".join(p.partition("=")[0] for p in parts.query.split("&") if p)
-        bare = urlunsplit((parts.scheme, netloc, parts.path, names, ""))
+    if parts is not None:
+        bare = urlunsplit((parts.scheme, parts.netloc, parts.path, parts.query, ""))
     return hashlib.sha256(bare.encode()).hexdigest()
 
 
 def file_name(url: str) -> str:
-    """The name a file of a model goes by in a manifest: its URL's last path segment."""
+    """The name a file of a model goes by in a manifest: its URL's path within the
+    origin (no leading ``/``, no query), so that two files of one base name in
+    different folders keep apart."""
     try:
         path = urlsplit(url).path
     except ValueError:
         path = url
-    return path.rstrip("/").rsplit("/", 1)[-1]
+    return path.strip("/") or path
+
+
+def torrent_name(name: str) -> str:
+    """The name the torrent of the manifest file ``name`` gives its file: the last
+    segment (a torrent's one file has a plain name)."""
+    return name.rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -154,10 +166,23 @@ def _count(value: Any, what: str, top: int) -> int:
     return value
 
 
+MAX_NAME = 1024
+"""Characters of a file's path in a manifest; 255 a segment."""
+
+
 def _name(value: Any, what: str) -> str:
-    name = _text(value, what, limit=255)
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise ManifestError(f"{what} {name!r:.80} is not a plain file name")
+    name = _text(value, what, limit=MAX_NAME)
+    segments = name.split("/")
+    if (
+        not name
+        or "\\" in name
+        or "\0" in name
+        or any(s in ("", ".", "..") or len(s) > 255 for s in segments)
+    ):
+        raise ManifestError(
+            f"{what} {name!r:.80} is not a relative path of plain names (no empty, '.' or "
+            "'..' segment, no backslash, at most 255 characters a segment)"
+        )
     return str(name)
 
 
@@ -193,8 +218,10 @@ def _torrent(value: Any, what: str, size: int, name: str, describe: Describe | N
             raise ManifestError(f"{what} is not a usable torrent: {exc}") from None
         if t_size != size:
             raise ManifestError(f"{what} describes {t_size} bytes, the manifest says {size}")
-        if t_name != name:
-            raise ManifestError(f"{what} describes a file {t_name!r:.80}, not {name!r}")
+        if t_name != torrent_name(name):
+            raise ManifestError(
+                f"{what} describes a file {t_name!r:.80}, not {torrent_name(name)!r}"
+            )
     return raw
 
 

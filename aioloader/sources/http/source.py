@@ -14,7 +14,7 @@ from urllib.parse import quote, urljoin
 from ...config import HttpOptions
 from ...threads import Lanes
 from ...throttle import LimiterStatistics
-from ..base import Blob, Source
+from ..base import Blob, Current, Source
 from .signer import HeaderSigner
 from .store import HttpStore
 
@@ -48,6 +48,11 @@ class HttpSource(Source):
 
     async def open(self, url: str) -> Blob:
         return await self._store.open(url, url)
+
+    async def current(self, url: str) -> Current:
+        """From a HEAD (no body); opened where the server cannot answer one usefully."""
+        found = await self._store.head(url, url)
+        return Current(*found) if found is not None else await super().current(url)
 
     def join(self, base: str, name: str) -> str:
         # A name is a file's name (an index's shard, a listing's entry), never a URL:

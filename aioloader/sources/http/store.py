@@ -99,6 +99,37 @@ class HttpStore:
             transport, self.retrier, url, final, size, etag, modified, head, ranged, lane
         )
 
+    async def head(self, url: str, fetch_url: str) -> tuple[int, str | None, str | None] | None:
+        """(size, strong ETag, Last-Modified) of ``url`` from a HEAD: no body crosses the
+        network. None where the answer cannot tell (no HEAD, no Content-Length, an
+        encoded body): the caller opens the file instead.
+
+        Raises:
+            ReadError: every attempt failed.
+            SourceError: the file cannot be read (missing, denied, ...).
+        """
+        return await self.retrier.run(url, 0, 0, lambda: self._head_once(url, fetch_url))
+
+    async def _head_once(
+        self, url: str, fetch_url: str
+    ) -> tuple[int, str | None, str | None] | None:
+        transport = self.transport
+        try:
+            headers = {"Accept-Encoding": "identity"}
+            async with await transport.send("HEAD", url, fetch_url, headers) as response:
+                if response.status in (405, 501) or 300 <= response.status < 400:
+                    return None  # no HEAD here, or a redirect that GET would follow
+                await transport.check_status(url, response, None)
+                answer = response.headers
+                length = answer.get("Content-Length", "")
+                encoded = answer.get("Content-Encoding", "identity").lower() != "identity"
+                if response.status != 200 or encoded or not length.isdigit():
+                    return None
+                etag = strong_etag(answer.get("ETag"))
+                return int(length), etag, answer.get("Last-Modified")
+        except transport_errors() as exc:
+            raise retryable(exc) from exc
+
     async def read_body(self, url: str, fetch_url: str, not_found: Callable[[str], str]) -> bytes:
         """GET ``fetch_url`` whole (a listing page, an object's metadata), retried.
 

@@ -1,0 +1,157 @@
+"""Asking a peer daemon about a model (``Asker``): the request signed, the answer's
+proof checked before its body is read (proof.py), and an unchanged manifest answered
+with 304 instead of sent again.
+
+A peer is asked about a model every half second or so while this node follows it;
+the node remembers each peer's last manifest with its ETag and sends ``If-None-Match``,
+so a manifest that did not change costs a few hundred bytes, not its torrents again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..redact import redacting_logger
+from ..threads import run_blocking
+from .manifest import Manifest, ManifestError, parse, swarm_address
+from .proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof, ProofError
+from .torrents import describe
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["MAX_ANSWER", "Answer", "Asker"]
+
+logger = redacting_logger(__name__)
+
+MAX_ANSWER = 64 << 20  # bytes of a peer's answer read at most
+_REMEMBERED = 1024  # (peer, model) answers kept for If-None-Match
+
+
+@dataclass
+class Answer:
+    """A peer that answered: its API address, node id and manifest of the model (if any)."""
+
+    api: str
+    node: str
+    manifest: Manifest | None
+    swarm: str | None = None  # its swarm address: every node trades pieces
+
+
+class Asker:
+    """Asks peers about models, as node ``node`` whose swarm listens at ``swarm``.
+
+    Args:
+        client: the aiohttp session (it sends no token: the proof stands for it).
+        proof: signs the requests and checks the answers.
+        node, swarm: this node's id and swarm address, signed into every request.
+        wait: seconds an answer may take.
+        lane: where manifests are parsed (their torrents are checked: CPU work).
+    """
+
+    def __init__(
+        self,
+        client: aiohttp.ClientSession,
+        proof: PeerProof,
+        node: str,
+        swarm: str,
+        wait: float,
+        lane: Executor,
+    ) -> None:
+        self.client, self.proof = client, proof
+        self.node, self.swarm, self.wait, self.lane = node, swarm, wait, lane
+        self._known: OrderedDict[tuple[str, str], tuple[str, Answer]] = OrderedDict()
+        self.unchanged = 0  # answers that were a 304 (statistics, tests)
+
+    def __repr__(self) -> str:
+        return f"<Asker node={self.node[:8]} {self.proof!r}>"
+
+    async def ask(self, api: str, key: str) -> Answer | None:
+        """The peer at ``api``'s answer about the model ``key``; None: no usable answer
+        (down, slow, not JSON, a manifest refused, no proof that it holds the token)."""
+        import aiohttp
+
+        target = f"/v1/swarm/models/{key}"
+        header, nonce = self.proof.sign_request("GET", target, self.node, self.swarm)
+        headers = {REQUEST_HEADER: header}
+        known = self._known.get((api, key))
+        if known is not None:
+            headers["If-None-Match"] = known[0]
+        try:
+            async with asyncio.timeout(self.wait):
+                async with self.client.get(f"http://{api}{target}", headers=headers) as response:
+                    status = response.status
+                    etag = response.headers.get("ETag", "")
+                    proof = response.headers.get(ANSWER_HEADER)
+                    raw = await _body(response, MAX_ANSWER)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            logger.debug("peer %s: no answer (%s)", api, exc)
+            return None
+        except ValueError as exc:
+            logger.warning("peer %s: %s; ignored", api, exc)
+            return None
+        try:
+            self.proof.check_answer(proof, nonce, status, etag, raw)
+        except ProofError as exc:
+            logger.warning(
+                "peer %s: %s (HTTP %d); ignored: is another host at that address now?",
+                api, exc, status,
+            )  # fmt: skip
+            return None
+        if status == 304 and known is not None and etag == known[0]:
+            self._known.move_to_end((api, key))
+            self.unchanged += 1
+            return known[1]
+        answer = await self._read(api, key, status, raw)
+        if answer is not None and answer.manifest is not None and etag:
+            self._known[api, key] = (etag, answer)
+            while len(self._known) > _REMEMBERED:
+                self._known.popitem(last=False)
+        else:
+            self._known.pop((api, key), None)
+        return answer
+
+    async def _read(self, api: str, key: str, status: int, raw: bytes) -> Answer | None:
+        try:
+            doc = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            logger.warning("peer %s: its answer is not JSON (HTTP %d); ignored", api, status)
+            return None
+        node = doc.get("node") if isinstance(doc, dict) else None
+        if not isinstance(node, str) or not 0 < len(node) <= 64 or not node.isalnum():
+            logger.warning("peer %s: its answer names no node (HTTP %d); ignored", api, status)
+            return None
+        if status == 404:
+            try:
+                swarm = swarm_address(doc.get("swarm"))
+            except ManifestError:
+                swarm = None  # it cannot trade pieces; it still counts in the ranking
+            return Answer(api, node, None, swarm)
+        if status != 200:
+            logger.warning("peer %s: HTTP %d for a manifest; ignored", api, status)
+            return None
+        try:
+            manifest = await run_blocking(self.lane, lambda: parse(doc, api, key, describe))
+        except ManifestError as exc:
+            logger.warning("%s", exc)
+            return None
+        if manifest.node != node:
+            return None
+        return Answer(api, node, manifest, manifest.swarm)
+
+
+async def _body(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body, as many chunks as it comes in; ValueError past ``limit`` bytes
+    (``content.read(n)`` returns what has arrived, a manifest's first chunk only)."""
+    chunks, total = [], 0
+    async for chunk in response.content.iter_any():
+        total += len(chunk)
+        if total > limit:
+            raise ValueError(f"an answer over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,158 @@
+"""What a daemon offers its peers (``Offers``): per model, its manifest, and the
+committed files it seeds from its cache entries.
+
+A file is offered once it is committed (a fetch's ``on_file``), once a fetch finds it
+in the cache at the origin's current version (before this node follows anyone for
+anything: a warm fleet restarted at once gets ready), and for every file of a model
+whose fetch ended. A file that leaves the cache (evicted, deleted, replaced) leaves
+the session and the manifest (``check_held``); a model no longer whole here, and not
+being fetched, is no longer offered at all. The coordinator (coordinator.py) adds the
+fetching through peers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ..cache.entry import Version
+from ..errors import LoaderError
+from ..redact import redacting_logger
+from ..sources.base import Current
+from ..threads import Lane, run_blocking
+from .held import Held, HeldFile
+from .manifest import FileOffer, Manifest, file_name, torrent_name
+from .session import Swarm
+from .torrents import info_hash, make_torrent
+
+__all__ = ["Offers"]
+
+logger = redacting_logger(__name__)
+
+
+class Offers:
+    """The manifests and seeded files of node ``node``, whose swarm is ``swarm``."""
+
+    def __init__(self, swarm: Swarm, node: str, advertised: str) -> None:
+        self.swarm = swarm
+        self.node = node
+        self.advertised = advertised
+        self.manifests: dict[str, Manifest] = {}
+        self.encoded: dict[str, tuple[Manifest, str, bytes, str]] = {}  # swarm_api.py's
+        self.held = Held()
+        self._fetching: set[str] = set()  # models being fetched: a file may leave alone
+        self._lane = Lane("swarm", 1)  # torrents made, manifests parsed
+        self._looks = Lane("held", 1)  # stat calls, never behind a torrent being made
+
+    def close(self) -> None:
+        self._lane.close()
+        self._looks.close()
+
+    async def check_held(self) -> None:
+        """Stop offering the files that left the cache (evicted, deleted, replaced): their
+        torrents leave the session; a model no longer whole here, and not being fetched,
+        leaves the manifests with every torrent of it."""
+        for gone in await run_blocking(self._looks, self.held.gone):
+            await self._unoffer(gone)
+
+    async def _unoffer(self, gone: HeldFile) -> None:
+        await self.swarm.remove(gone.info_hash)
+        manifest = self.manifests.get(gone.key)
+        logger.info("%s left the cache: no longer offered to peers", gone.path)
+        if manifest is None:
+            return
+        if gone.key in self._fetching:
+            self.manifests[gone.key] = manifest.without(gone.name)
+        else:
+            await self._withdraw(gone.key)
+
+    async def _withdraw(self, key: str) -> None:
+        """Offer nothing of the model ``key`` any more."""
+        self.manifests.pop(key, None)
+        for held in self.held.drop(key):
+            await self.swarm.remove(held.info_hash)
+
+    def _note(self, key: str) -> Callable[[FileOffer], None]:
+        def noted(offer: FileOffer) -> None:
+            manifest = self.manifests.get(key)
+            if manifest is None:  # withdrawn meanwhile: the fetch is ending
+                return
+            known = manifest.file(offer.name)
+            if known is None or known.torrent is None:
+                self.manifests[key] = manifest.with_file(offer)
+
+        return noted
+
+    async def _held_here(self, key: str, cache: Any, url: str, current: Current) -> Path | None:
+        """Where ``cache`` holds ``url`` at the origin's ``current`` version, or None; a
+        file held is offered to the peers now, before this node follows anyone."""
+        files = cache.entry_files(url)
+        version = Version(*current)
+        if await run_blocking(self._looks, lambda: files.complete_for(version)) is None:
+            return None
+        manifest = self.manifests.get(key)
+        offer = manifest.file(file_name(url)) if manifest is not None else None
+        if offer is not None and offer.torrent is not None and offer.size == current.size:
+            with contextlib.suppress(ValueError):
+                if self.swarm.seeding(info_hash(offer.torrent)):
+                    return Path(files.data)
+        await self._publish(key, url, files.data, *current)
+        return Path(files.data)
+
+    async def _publish(
+        self,
+        key: str,
+        url: str,
+        data: Path,
+        size: int,
+        etag: Any,
+        modified: Any,
+        torrent: bytes | None = None,
+    ) -> None:
+        """Seed a committed file and show its torrent in the model's manifest; ``torrent``:
+        the followed node's for these very bytes, else it is made (hashing the file)."""
+        name = file_name(url)
+        try:
+            if torrent is None:
+                torrent = await run_blocking(
+                    self._lane, lambda: make_torrent(data, torrent_name(name))
+                )
+            await self.swarm.seed(torrent, data)
+        except (OSError, LoaderError) as exc:
+            logger.warning("%s: not offered to peers: %s", url, exc)
+            return
+        key_of = info_hash(torrent)
+        old = await run_blocking(self._looks, lambda: self.held.add(key, name, key_of, data))
+        if old is not None:
+            await self.swarm.remove(old.info_hash)  # a new version of the file
+        offer = FileOffer(name, url, size, etag, modified, size, torrent)
+        manifest = self.manifests.get(key)
+        if manifest is not None:
+            self.manifests[key] = manifest.with_file(offer)
+        logger.info("offering %s to peers (%s)", name, info_hash(torrent)[:12])
+
+    async def _seed_all(self, key: str, cached: Any) -> None:
+        manifest = self.manifests[key]
+        for url, path in cached.files.items():
+            offer = manifest.file(file_name(url))
+            if offer is not None and offer.torrent is not None:
+                with contextlib.suppress(ValueError):
+                    if self.swarm.seeding(info_hash(offer.torrent)):
+                        continue
+            data = Path(path)
+            size, etag, modified = await run_blocking(self._lane, partial(_version, data))
+            await self._publish(key, url, data, size, etag, modified)
+
+
+def _version(data: Path) -> tuple[int, Any, Any]:
+    """The size of ``data``, and the (etag, last_modified) its entry records."""
+    size = data.stat().st_size
+    try:
+        meta = json.loads((data.parent / "meta.json").read_text())
+    except (OSError, ValueError):
+        return size, None, None
+    return size, meta.get("etag"), meta.get("last_modified")
