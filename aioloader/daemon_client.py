@@ -19,8 +19,15 @@ jobs, and a cluster about one. The flow:
    since) is read from the origin by fetch itself, as without a daemon.
 
 Every answer is checked before it is used: a daemon that lies (a record of the wrong
-shape, a body too large, a file of another size than the origin's) fails the fetch or
-sends it to the origin, never into DEST.
+shape, a body too large, a file of another size or ETag than the origin's, or one it
+sends no checksum of) fails the fetch or sends it to the origin, never into DEST. The
+bytes of a file copied from the daemon are hashed before DEST is committed
+(folder_copy.py): they must match the checksum the daemon's cache recorded when it
+downloaded them (``X-Aioloader-Checksum``, daemon/files.py), and the digest the origin
+publishes where it publishes one (the Hub's sha256, S3's full-object checksum). A
+mismatch fails the fetch, naming the daemon and the file: its cache holds a corrupt
+copy (``aioloader cache verify`` on the node removes it), and the next fetch must not
+copy it again.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ from .redact import redact, redacting_logger
 from .settings import DAEMON, FETCH
 
 __all__ = [
+    "CHECKSUM_HEADER",
+    "ETAG_HEADER",
     "DaemonClient",
     "DaemonRecord",
     "add_arguments",
@@ -67,6 +76,10 @@ _URL_ROW, _WAIT_ROW = FETCH
 _TOKEN_ROW = next(row for row in DAEMON if row.name == "token")
 _TOKEN_FILE_ROW = next(row for row in DAEMON if row.name == "token_file")
 _SHOW_EVERY = 10.0  # seconds between two progress lines of one status
+_CHECKSUM = re.compile(r"^xxh3-128:[0-9a-f]{32}$")
+# What the daemon sends with a file's bytes (daemon/files.py sends them).
+CHECKSUM_HEADER = "X-Aioloader-Checksum"
+ETAG_HEADER = "X-Aioloader-Etag"
 
 Write = Callable[[memoryview, int], Awaitable[None]]
 
@@ -335,27 +348,41 @@ class DaemonClient:
 
     # -- its files ---------------------------------------------------------------------
 
-    async def copy_file(self, model_id: str, url: str, size: int, write: Write) -> bool:
-        """Write the daemon's cached copy of ``url`` (``size`` bytes, as the origin says)
-        through ``write(data, offset)``; False when the daemon does not hold it (or holds
-        another size: another version), so that the caller reads the origin."""
+    async def copy_file(
+        self, model_id: str, url: str, size: int, etag: str | None, write: Write
+    ) -> str | None:
+        """Write the daemon's cached copy of ``url`` (``size`` bytes and ``etag``, as the
+        origin says) through ``write(data, offset)``, and return the checksum its cache
+        recorded of those bytes (``xxh3-128:<hex>``), which the caller checks them
+        against. None when the daemon does not hold it, holds another version (another
+        size or ETag), or sends no checksum to check its copy by: the caller then reads
+        the origin."""
         path = f"/v1/models/{quote(model_id)}/files/{key_of(url)}"
         try:
             async with self.session.get(self.url + path) as answer:
                 if answer.status == 404:
-                    return False
+                    return None
                 if answer.status != 200:
                     raise SourceError(
                         f"the daemon at {self.url} failed to send its copy of {redact(url)} "
                         f"({answer.status}); check its log, then fetch again"
                     )
-                if answer.content_length != size:
+                held = answer.headers.get(ETAG_HEADER)
+                if answer.content_length != size or (held and etag and held != etag):
                     logger.warning(
-                        "the daemon at %s holds %s bytes of %s, the origin %d (another "
-                        "version): reading the origin", self.url, answer.content_length,
-                        url, size,
+                        "the daemon at %s holds %s bytes of %s (ETag %s), the origin %d (ETag "
+                        "%s): another version, reading the origin", self.url,
+                        answer.content_length, url, held, size, etag,
                     )  # fmt: skip
-                    return False
+                    return None
+                checksum = answer.headers.get(CHECKSUM_HEADER, "")
+                if not _CHECKSUM.match(checksum):
+                    logger.warning(
+                        "the daemon at %s sent no checksum of its copy of %s (%r; an older "
+                        "aioloader?), so its bytes cannot be checked: reading the origin",
+                        self.url, url, checksum[:80],
+                    )  # fmt: skip
+                    return None
                 offset = 0
                 async for chunk in answer.content.iter_chunked(_CHUNK):
                     if offset + len(chunk) > size:
@@ -372,7 +399,7 @@ class DaemonClient:
                 f"the daemon at {self.url} sent {offset} bytes of {redact(url)}, not the "
                 f"{size} it announced; fetch again (check its log)"
             )
-        return True
+        return checksum
 
 
 def _detail(body: Any) -> str:

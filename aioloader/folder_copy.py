@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TypeVar, Unpack
 from urllib.parse import unquote, urlsplit
 
-from .cache.checksum import Published
+from .cache.checksum import PrefixHash, Published
 from .daemon_client import DaemonClient, DaemonRecord
 from .errors import ConfigError, NotFoundError, SourceError
 from .folder_dest import PARTIAL_PREFIX, RECORD, Destination, dest_error, name_problem
@@ -53,6 +53,7 @@ from .options import LoadKeywords, LoadOptions
 from .redact import redact, redacting_logger
 from .sources.auto import scheme_of
 from .sources.base import Blob, Source
+from .sources.digests import Digest
 from .sources.schemes import remote_names
 from .sources.stores import Stores, locate
 from .tasks import gather
@@ -219,7 +220,8 @@ async def files_to_copy(source: Source, src: str) -> list[tuple[str, str]]:
 
 def _create(path: Path, size: int) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    # Read and write: a copy from the daemon is read back to be hashed.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         os.ftruncate(fd, size)
     except BaseException:
@@ -249,6 +251,44 @@ async def _published(source: Source, url: str) -> Published | None:
         if header in checksums:
             return Published(algorithm, checksums[header], header)
     return None
+
+
+def _hash_copy(fd: int, size: int, digest: Digest | None) -> tuple[str, str | None]:
+    """The checksum of the file open as ``fd`` in the form cache entries record it, and
+    its digest in the form its publisher gives (None without a digest this process can
+    compute); one pass over the bytes as written, read back from the page cache."""
+    running = digest.running() if digest is not None else None
+    feed = None if running is None else (lambda _at, data: running.update(data))
+    entry = PrefixHash(observer=feed)
+    entry.advance(fd, lambda: size, wait=True)
+    return entry.checksum(), running.result() if running is not None else None
+
+
+def _check_copy(
+    daemon: str,
+    url: str,
+    recorded: str,
+    got: str,
+    digest: Digest | None,
+    published: str | None,
+) -> None:
+    """Refuse a copy from the daemon whose bytes are not those its cache recorded, or
+    not those the origin publishes a digest of (daemon_client.py)."""
+    fix = (
+        "its cache holds a corrupt copy: run `aioloader cache verify` on that node (it "
+        "removes the entry; the daemon downloads it again), then fetch again. Nothing "
+        "was written to DEST"
+    )
+    if got != recorded:
+        raise SourceError(
+            f"the daemon at {daemon} sent a copy of {redact(url)} whose bytes hash to {got}, "
+            f"not the checksum {recorded} its cache recorded when it downloaded them: {fix}"
+        )
+    if digest is not None and published is not None and published != digest.value:
+        raise SourceError(
+            f"the daemon at {daemon} sent a copy of {redact(url)} that does not match the "
+            f"{digest.algorithm} {digest.where} (it hashes to {published}): {fix}"
+        )
 
 
 class _Copier:
@@ -289,7 +329,7 @@ class _Copier:
             path = self.partial / name
             fd = await self._disk(lambda: _create(path, blob.size), f"creating {name}", os.close)
             try:
-                if not await self._from_daemon(url, fd, blob.size, name):
+                if not await self._from_daemon(url, fd, blob, name):
                     await gather(
                         self._range(blob, fd, name, start, min(self.chunk, blob.size - start))
                         for start in range(0, blob.size, self.chunk)
@@ -310,8 +350,9 @@ class _Copier:
             )
         self.bytes += blob.size
 
-    async def _from_daemon(self, url: str, fd: int, size: int, name: str) -> bool:
-        """Copy ``url`` from the daemon's cache; False when it does not hold it."""
+    async def _from_daemon(self, url: str, fd: int, blob: Blob, name: str) -> bool:
+        """Copy ``url`` from the daemon's cache, checked (``_check_copy``); False when
+        the daemon does not hold this version of it, or cannot vouch for its copy."""
         if self.daemon is None:
             return False
         client, model_id = self.daemon
@@ -319,9 +360,15 @@ class _Copier:
         async def write(data: memoryview, offset: int) -> None:
             await self._disk(lambda: _pwrite_all(fd, data, offset), f"writing {name}")
 
-        if not await client.copy_file(model_id, url, size, write):
+        checksum = await client.copy_file(model_id, url, blob.size, blob.etag, write)
+        if checksum is None:
             return False
-        self.from_daemon += size
+        digest = await self.source.publisher_digest(url)
+        got, published = await self._disk(
+            lambda: _hash_copy(fd, blob.size, digest), f"reading {name} back"
+        )
+        _check_copy(client.url, url, checksum, got, digest, published)
+        self.from_daemon += blob.size
         return True
 
     async def _range(self, blob: Blob, fd: int, name: str, start: int, length: int) -> None:

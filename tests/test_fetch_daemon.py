@@ -269,7 +269,8 @@ async def test_files_the_daemon_lies_about_come_from_the_origin_or_fail(
 
     async def cut(request: web.Request) -> web.StreamResponse:
         size = len(want[weights[1]])
-        response = web.StreamResponse(headers={"Content-Length": str(size)})
+        vouched = {"X-Aioloader-Checksum": _xxh3(want[weights[1]])}
+        response = web.StreamResponse(headers={"Content-Length": str(size), **vouched})
         await response.prepare(request)
         await response.write(b"x" * (size // 2))
         assert request.transport is not None
@@ -296,7 +297,8 @@ async def test_a_fetch_killed_while_copying_leaves_no_half_file(
 
     async def stall(request: web.Request) -> web.StreamResponse:
         size = len(want[weights[1]])
-        response = web.StreamResponse(headers={"Content-Length": str(size)})
+        vouched = {"X-Aioloader-Checksum": _xxh3(want[weights[1]])}
+        response = web.StreamResponse(headers={"Content-Length": str(size), **vouched})
         await response.prepare(request)
         await response.write(b"x" * 4096)
         started.set()
@@ -380,3 +382,102 @@ def test_fetch_reads_the_daemons_token_from_a_file(
                      str(tmp_path / "c"), env=_env(token=None))  # fmt: skip
         assert out.returncode == 1 and str(tmp_path / "nope") in out.stderr
         assert "Traceback" not in out.stderr and not (tmp_path / "c").exists()
+
+
+# -- the bytes fetch copies from the daemon are checked (issue 42) --------------------------
+
+
+def _entry_data(cache: Path, url: str) -> Path:
+    return cache / "entries" / key_of(url) / "data"
+
+
+def _flip(path: Path, at: int) -> None:
+    """Change one byte of ``path`` in place: same size, other bytes."""
+    path.chmod(0o600)
+    with path.open("r+b") as file:
+        file.seek(at)
+        byte = file.read(1)
+        file.seek(at)
+        file.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_daemon_copy_altered_on_disk_never_reaches_dest(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    want, weights = _model(http_server.root / "m")
+    src = http_server.url_for("m/model.safetensors.index.json")
+    shard = http_server.url_for(f"m/{weights[2]}")
+    with running(tmp_path / "cache", token=TOKEN) as daemon:
+        out = _fetch("--daemon", daemon.url, src, str(tmp_path / "a"))
+        assert out.returncode == 0, out.stderr + daemon.output()
+        _flip(_entry_data(tmp_path / "cache", shard), len(want[weights[2]]) // 2)
+        dest = tmp_path / "b"
+        (dest / "keep.txt").parent.mkdir()
+        (dest / "keep.txt").write_bytes(b"mine")
+        out = _fetch("--daemon", daemon.url, src, str(dest))
+    assert out.returncode == 1, out.stderr
+    for words in (f"the daemon at {daemon.url}", weights[2], "checksum", "cache verify"):
+        assert words in out.stderr, out.stderr
+    assert _files(dest) == {"keep.txt": b"mine"} and not list(dest.glob(PARTIAL_PREFIX + "*"))
+
+
+def _xxh3(data: bytes) -> str:
+    import xxhash
+
+    return f"xxh3-128:{xxhash.xxh3_128(data).hexdigest()}"
+
+
+async def test_a_daemon_that_sends_other_bytes_is_caught_by_the_hubs_digest(
+    tmp_path: Path, liar: _Liar, hub: Any
+) -> None:
+    """A daemon that vouches for its wrong bytes (their own checksum) still fails the
+    fetch: the Hub publishes the file's sha256."""
+    folder = tmp_path / "src"
+    _, weights = _model(folder)
+    hub.commit("org/m", {p.name: p.read_bytes() for p in folder.iterdir()})
+    liar.record = lambda: web.json_response(_rec("ready"))
+    shard = (folder / weights[1]).read_bytes()
+
+    async def other_bytes(request: web.Request) -> web.Response:
+        wrong = bytes(b ^ 0x01 for b in shard)
+        return web.Response(body=wrong, headers={"X-Aioloader-Checksum": _xxh3(wrong)})
+
+    liar.file = other_bytes
+    dest = tmp_path / "dest"
+    env = _env(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hf"), HF_TOKEN_PATH="/nonexistent")
+    rc, err = await _run("--daemon", liar.url, "hf://org/m", str(dest), env=env)
+    assert rc == 1, err
+    assert "sha256" in err and liar.url in err and "Traceback" not in err
+    assert not dest.exists() or _files(dest) == {}
+
+
+async def test_a_daemon_copy_of_another_version_or_unvouched_is_read_from_the_origin(
+    tmp_path: Path, liar: _Liar, http_server: FaultyHttpServer
+) -> None:
+    want, weights = _model(http_server.root / "m")
+    src = http_server.url_for("m/model.safetensors.index.json")
+    liar.record = lambda: web.json_response(_rec("ready"))
+    by_key = {key_of(http_server.url_for(f"m/{name}")): want[name] for name in weights}
+
+    async def stale(request: web.Request) -> web.Response:
+        if request.match_info["key"] not in by_key:
+            return web.Response(status=404)
+        wrong = bytes(len(by_key[request.match_info["key"]]))
+        headers = {"X-Aioloader-Checksum": _xxh3(wrong), "X-Aioloader-Etag": '"old-version"'}
+        return web.Response(body=wrong, headers=headers)
+
+    liar.file = stale
+    rc, err = await _run("--daemon", liar.url, src, str(tmp_path / "a"))
+    assert rc == 0, err
+    assert _files(tmp_path / "a") == want and "another version" in err
+
+    async def unvouched(request: web.Request) -> web.Response:
+        if request.match_info["key"] not in by_key:
+            return web.Response(status=404)
+        return web.Response(body=bytes(len(by_key[request.match_info["key"]])))
+
+    liar.file = unvouched
+    rc, err = await _run("--daemon", liar.url, src, str(tmp_path / "b"))
+    assert rc == 0, err
+    assert _files(tmp_path / "b") == want and "no checksum" in err
+    _assert_same_tensors(tmp_path / "b", http_server.root / "m", weights)

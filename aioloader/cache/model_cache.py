@@ -36,7 +36,7 @@ from ..redact import redact, redacting_logger
 from ..settings import CHECK_ETAG
 from ..sinks import commits
 from ..threads import Lane, run_blocking
-from .entry import EntryFiles, cache_error
+from .entry import EntryFiles, Meta, cache_error, read_meta
 from .eviction import Eviction, list_entries
 from .fetch import OnFile, Progress, SourceHook, fetch_model
 from .locks import STALL_SECONDS
@@ -243,6 +243,15 @@ class ModelCache:
         """
         with Lane("cache", 1) as lane:  # the call's own: removal is used without a Loader
             return await remove_entry(self.entry_files(url), url, self.lock_stall, lane)
+
+    async def recorded(self, url: str) -> Meta | None:
+        """What the entry of ``url`` recorded when it completed (its size, the origin's
+        ETag, its checksum); None when there is no complete entry. The daemon sends it
+        with the file's bytes, so that a client can check what it copies."""
+        files = self.entry_files(url)
+        with Lane("cache", 1) as lane:
+            meta = await run_blocking(lane, lambda: read_meta(files))
+        return meta if meta is not None and meta.complete else None
 
     # -- verification ------------------------------------------------------------------
 

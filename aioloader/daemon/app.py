@@ -48,12 +48,13 @@ from ..redact import redacting_logger
 from ..sources.auto import scheme_of
 from ..sources.hf.url import parse_hf_url
 from ..sources.schemes import listed, remote_names
+from ..swarm.proof import REQUEST_HEADER
 from .allow import AllowList
 from .downloads import Downloads
+from .files import file_answer
 from .metrics import CONTENT_TYPE, Metrics
 from .priority import check_priority
 from .state import ID_PATTERN, ModelRecord, Registry, display_url
-from ..swarm.proof import REQUEST_HEADER
 from .swarm_api import add_swarm_routes
 from .watch import CacheWatch
 
@@ -259,7 +260,7 @@ async def model_file(request: web.Request) -> web.StreamResponse:
         raise RequestError(
             404, "unknown_file", f"{record.id} is {record.status} and holds no file {key!r:.80}"
         )
-    return web.FileResponse(state.cache.entry_files(url).data)  # 404 once evicted
+    return await file_answer(state.cache, url)  # 404 once evicted
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
