@@ -17,7 +17,7 @@ pytest.importorskip("libtorrent")
 from aioloader.swarm.coordinator import Coordinator
 from aioloader.swarm.follower import Answer
 from aioloader.swarm.manifest import FileOffer, Manifest, model_key
-from aioloader.swarm.torrents import make_torrent
+from aioloader.swarm.torrents import info_hash, make_torrent
 
 URL = "http://origin.test/m/model.safetensors.index.json"
 NODE = "cd" * 16
@@ -77,7 +77,8 @@ def _manifest(tmp_path: Path, files: int) -> dict[str, object]:
         name = f"model-{i:05d}.safetensors"
         torrent = make_torrent(data, name)
         url = f"http://origin.test/m/{name}"
-        manifest = manifest.with_file(FileOffer(name, url, 4096 + i, torrent=torrent))
+        offer = FileOffer(name, url, 4096 + i, torrent=torrent, info_hash=info_hash(torrent))
+        manifest = manifest.with_file(offer)
     return manifest.as_dict()
 
 

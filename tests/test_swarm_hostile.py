@@ -188,7 +188,7 @@ def test_a_deleted_model_leaves_the_manifest_and_the_session(
         manifest = f"/v1/swarm/models/{model_key(url)}"
         status, body = node.get(manifest)
         assert status == 200 and body["state"] == "complete", body
-        assert len(body["files"]) == 3 and all(f["torrent"] for f in body["files"])
+        assert len(body["files"]) == 3 and all(f["info_hash"] for f in body["files"])
         assert node.get("/v1/swarm/node")[1]["seeding"] == 3
         status, body = node.request("DELETE", "/v1/models/m")
         assert status == 200, body

@@ -3,7 +3,6 @@ may lie)."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import socket
@@ -17,6 +16,7 @@ from aioloader.swarm.manifest import (
     FileOffer,
     Manifest,
     ManifestError,
+    check_torrent,
     file_name,
     model_key,
     parse,
@@ -161,7 +161,7 @@ def _doc(**changes: object) -> dict[str, object]:
         "etag": '"e"',
         "last_modified": None,
         "done": 10,
-        "torrent": None,
+        "info_hash": None,
     }
     file.update(changes.pop("file", {}))  # type: ignore[call-overload]
     doc = {
@@ -221,11 +221,15 @@ def test_a_manifest_takes_paths_but_no_way_out() -> None:
 def test_manifest_round_trip_never_shows_credentials() -> None:
     secret = "https://user:hunter2@h/m/a.safetensors?X-Amz-Signature=topsecret"
     manifest = Manifest(KEY, "https://u:hunter2@h/m/?token=topsecret", NODE, "127.0.0.9:1")
-    manifest = manifest.with_file(FileOffer("a.safetensors", secret, 10, torrent=b"t"))
+    digest = "ab" * 32
+    offer = FileOffer("a.safetensors", secret, 10, torrent=b"t" * 100_000, info_hash=digest)
+    manifest = manifest.with_file(offer)
     text = json.dumps(manifest.as_dict())
     assert "hunter2" not in text and "topsecret" not in text
+    assert len(text) < 1000  # the torrent is named by its hash, not sent each time
     back = parse(json.loads(text), "p", KEY)
-    assert back.files[0].torrent == b"t" and back.files[0].size == 10
+    assert back.files[0].info_hash == digest and back.files[0].size == 10
+    assert back.files[0].torrent is None
     assert back.state == "following" and back.file("a.safetensors") is not None
 
 
@@ -258,8 +262,9 @@ def test_manifest_round_trip_never_shows_credentials() -> None:
         ({"file": {"name": "a\x00b"}}, "control character"),
         ({"file": {"name": 3}}, "name is not a string"),
         ({"file": {"etag": 3}}, "etag is not a string"),
-        ({"file": {"torrent": "!!notbase64"}}, "not base64"),
-        ({"file": {"torrent": 12}}, "torrent is not a string"),
+        ({"file": {"info_hash": "!!" * 32}}, "not a v2 info hash"),
+        ({"file": {"info_hash": 12}}, "not a v2 info hash"),
+        ({"file": {"info_hash": "ab" * 16}}, "not a v2 info hash"),
     ],
 )
 def test_manifest_refuses_a_lying_peer(changes: dict[str, object], why: str) -> None:
@@ -287,17 +292,23 @@ def test_manifest_checks_each_torrent_against_its_file(tmp_path: Path) -> None:
     assert torrents.describe(good) == ("a.safetensors", 10240)
     assert len(torrents.info_hash(good)) == 64
 
-    def with_torrent(raw: bytes, size: int = 10240, name: str = "a.safetensors") -> object:
-        text = base64.b64encode(raw).decode()
-        return _doc(file={"torrent": text, "size": size, "done": 0, "name": name})
+    def offer(
+        size: int = 10240, name: str = "a.safetensors", digest: str | None = None
+    ) -> FileOffer:
+        return FileOffer(name, "u", size, info_hash=digest or torrents.info_hash(good))
 
-    ok = parse(with_torrent(good), "p", KEY, torrents.describe)
-    assert ok.files[0].torrent == good
+    def check(raw: bytes, of: FileOffer) -> bytes:
+        return check_torrent(raw, of, torrents.describe, torrents.info_hash)  # type: ignore[no-any-return]
+
+    assert check(good, offer()) == good
     with pytest.raises(ManifestError, match="describes 10240 bytes, the manifest says 10"):
-        parse(with_torrent(good, size=10), "p", KEY, torrents.describe)
+        check(good, offer(size=10))
     with pytest.raises(ManifestError, match=r"describes a file 'a\.safetensors'"):
-        parse(with_torrent(good, name="b.safetensors"), "p", KEY, torrents.describe)
+        check(good, offer(name="m/b.safetensors"))
+    assert check(good, offer(name="m/a.safetensors")) == good  # named by its path
+    with pytest.raises(ManifestError, match="has the info hash"):
+        check(good, offer(digest="cd" * 32))
     with pytest.raises(ManifestError, match="not a usable torrent"):
-        parse(with_torrent(b"d4:junk3:xyze"), "p", KEY, torrents.describe)
+        check(b"d4:junk3:xyze", offer())
     with pytest.raises(ManifestError, match="not a usable torrent"):
-        parse(with_torrent(good[: len(good) // 2]), "p", KEY, torrents.describe)
+        check(good[: len(good) // 2], offer())

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ def test_a_request_and_its_answer_prove_the_token_and_nothing_else() -> None:
     with pytest.raises(ProofError, match="replays"):
         theirs.check_request(header, "GET", "/v1/swarm/models/k")
     fresh, _ = ours.sign_request("GET", "/v1/swarm/models/k", "ab" * 16, "10.0.0.1:6881")
-    for wrong in (
+    wrongs: list[Callable[[], object]] = [
         lambda: stranger.check_request(fresh, "GET", "/v1/swarm/models/k"),
         lambda: theirs.check_request(fresh, "GET", "/v1/swarm/models/other"),
         lambda: theirs.check_request(
@@ -77,7 +77,8 @@ def test_a_request_and_its_answer_prove_the_token_and_nothing_else() -> None:
         lambda: theirs.check_request(None, "GET", "/"),
         lambda: theirs.check_request("v1; node=" + "x" * 5000, "GET", "/"),
         lambda: theirs.check_request("v2; node=a", "GET", "/"),
-    ):
+    ]
+    for wrong in wrongs:
         with pytest.raises(ProofError):
             wrong()
     answer = theirs.sign_answer(nonce, 200, '"e"', b"{}")

@@ -3,6 +3,8 @@
     GET /v1/swarm/node          {"node": <id>, "swarm": "ip:port", "seeding": <files>}
     GET /v1/swarm/models/{key}  the model's manifest (swarm/manifest.py), or 404
                                 {"error": "not_held", "node": <id>, "swarm": "ip:port"}
+    GET /v1/swarm/torrents/{h}  the torrent with the v2 info hash ``h`` of a file this
+                                node offers (a manifest names torrents by their hash)
 
 A peer proves it holds the cluster's token without sending it (swarm/proof.py): its
 request is signed in ``X-Aioloader-Peer``, checked here before anything is answered
@@ -133,5 +135,13 @@ def add_swarm_routes(
             return web.Response(status=304, headers={"ETag": etag})
         return web.Response(body=body, content_type="application/json", headers={"ETag": etag})
 
+    async def torrent(request: web.Request, held: Any) -> web.Response:
+        digest = request.match_info["hash"]
+        found = held.torrent(digest) if _KEY.match(digest) else None
+        if found is None:
+            return _refusal(404, "not_held", "no such torrent here", node=held.node)
+        return web.Response(body=found, content_type="application/x-bittorrent")
+
     app.router.add_get("/v1/swarm/node", answering(node))
+    app.router.add_get("/v1/swarm/torrents/{hash}", answering(torrent))
     app.router.add_get("/v1/swarm/models/{key}", answering(model))

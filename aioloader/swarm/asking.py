@@ -18,9 +18,17 @@ from typing import TYPE_CHECKING
 
 from ..redact import redacting_logger
 from ..threads import run_blocking
-from .manifest import Manifest, ManifestError, parse, swarm_address
+from .manifest import (
+    MAX_TORRENT,
+    FileOffer,
+    Manifest,
+    ManifestError,
+    check_torrent,
+    parse,
+    swarm_address,
+)
 from .proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof, ProofError
-from .torrents import describe
+from .torrents import describe, info_hash
 
 if TYPE_CHECKING:
     import aiohttp
@@ -31,6 +39,7 @@ logger = redacting_logger(__name__)
 
 MAX_ANSWER = 64 << 20  # bytes of a peer's answer read at most
 _REMEMBERED = 1024  # (peer, model) answers kept for If-None-Match
+_TORRENTS_KEPT = 256 << 20  # bytes of fetched torrents kept (by info hash: they never change)
 
 
 @dataclass
@@ -66,29 +75,28 @@ class Asker:
         self.client, self.proof = client, proof
         self.node, self.swarm, self.wait, self.lane = node, swarm, wait, lane
         self._known: OrderedDict[tuple[str, str], tuple[str, Answer]] = OrderedDict()
+        self._torrents: OrderedDict[str, bytes] = OrderedDict()
         self.unchanged = 0  # answers that were a 304 (statistics, tests)
 
     def __repr__(self) -> str:
         return f"<Asker node={self.node[:8]} {self.proof!r}>"
 
-    async def ask(self, api: str, key: str) -> Answer | None:
-        """The peer at ``api``'s answer about the model ``key``; None: no usable answer
-        (down, slow, not JSON, a manifest refused, no proof that it holds the token)."""
+    async def _get(
+        self, api: str, target: str, limit: int, headers: dict[str, str] | None = None
+    ) -> tuple[int, str, bytes] | None:
+        """(status, ETag, body) of a signed GET whose answer proved itself; None: no
+        answer, too large, or no proof (logged)."""
         import aiohttp
 
-        target = f"/v1/swarm/models/{key}"
         header, nonce = self.proof.sign_request("GET", target, self.node, self.swarm)
-        headers = {REQUEST_HEADER: header}
-        known = self._known.get((api, key))
-        if known is not None:
-            headers["If-None-Match"] = known[0]
+        sent = {REQUEST_HEADER: header, **(headers or {})}
         try:
             async with asyncio.timeout(self.wait):
-                async with self.client.get(f"http://{api}{target}", headers=headers) as response:
+                async with self.client.get(f"http://{api}{target}", headers=sent) as response:
                     status = response.status
                     etag = response.headers.get("ETag", "")
                     proof = response.headers.get(ANSWER_HEADER)
-                    raw = await _body(response, MAX_ANSWER)
+                    raw = await _body(response, limit)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             logger.debug("peer %s: no answer (%s)", api, exc)
             return None
@@ -103,6 +111,43 @@ class Asker:
                 api, exc, status,
             )  # fmt: skip
             return None
+        return status, etag, raw
+
+    async def torrent(self, api: str, offer: FileOffer) -> bytes | None:
+        """The torrent of ``offer``'s file from the peer at ``api``, by its info hash,
+        checked (``check_torrent``); None: no usable answer (logged)."""
+        digest = offer.info_hash
+        if digest is None:
+            return None
+        kept = self._torrents.get(digest)
+        if kept is None:
+            got = await self._get(api, f"/v1/swarm/torrents/{digest}", MAX_TORRENT)
+            if got is None or got[0] != 200:
+                logger.warning("peer %s: no torrent %s (%s)", api, digest[:12], got and got[0])
+                return None
+            kept = got[2]
+        try:
+            raw = await run_blocking(
+                self.lane, lambda: check_torrent(kept, offer, describe, info_hash)
+            )
+        except ManifestError as exc:
+            logger.warning("peer %s: %s; ignored", api, exc)
+            return None
+        self._torrents[digest] = raw
+        self._torrents.move_to_end(digest)
+        while sum(len(t) for t in self._torrents.values()) > _TORRENTS_KEPT:
+            self._torrents.popitem(last=False)
+        return raw
+
+    async def ask(self, api: str, key: str) -> Answer | None:
+        """The peer at ``api``'s answer about the model ``key``; None: no usable answer
+        (down, slow, not JSON, a manifest refused, no proof that it holds the token)."""
+        known = self._known.get((api, key))
+        headers = {"If-None-Match": known[0]} if known is not None else {}
+        got = await self._get(api, f"/v1/swarm/models/{key}", MAX_ANSWER, headers)
+        if got is None:
+            return None
+        status, etag, raw = got
         if status == 304 and known is not None and etag == known[0]:
             self._known.move_to_end((api, key))
             self.unchanged += 1
@@ -136,7 +181,7 @@ class Asker:
             logger.warning("peer %s: HTTP %d for a manifest; ignored", api, status)
             return None
         try:
-            manifest = await run_blocking(self.lane, lambda: parse(doc, api, key, describe))
+            manifest = await run_blocking(self.lane, lambda: parse(doc, api, key))
         except ManifestError as exc:
             logger.warning("%s", exc)
             return None

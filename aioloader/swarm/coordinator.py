@@ -49,6 +49,7 @@ from .admission import Admission
 from .asking import Asker
 from .follower import Answer, Follower, known_torrent, leads
 from .manifest import (
+    FileOffer,
     Manifest,
     State,
     file_name,
@@ -157,6 +158,11 @@ class Coordinator(Offers):
         if answer is not None:
             await self.admission.learn([answer.swarm])
         return answer
+
+    async def _torrent(self, api: str, offer: FileOffer) -> bytes | None:
+        """The torrent of a peer's ``offer``, fetched by its info hash and checked."""
+        assert self._asker is not None, "used outside its async with"
+        return await self._asker.torrent(api, offer)
 
     async def admit(self, swarm: str, remote: str | None) -> None:
         """A peer that proved it holds the token asked from ``remote``, its swarm at
@@ -296,7 +302,7 @@ class Coordinator(Offers):
         holders = [a for a in alive if a.manifest is not None and a.manifest.state == "complete"]
         if holders:
             holder = min(holders, key=lambda a: a.node)
-            follow = Follower(holder, key, self.ask, self.swarm.stall, self._gone())
+            follow = Follower(holder, key, self.ask, self.swarm.stall, self._gone(), self._torrent)
             follow.others = [s for s in swarms if s != holder.swarm]
             follow.share = share_of(self.node, [a.node for a in alive], holder.node)
             return Plan(key, self.node, [self.node], {holder.node: follow}, whole=follow)
@@ -305,7 +311,7 @@ class Coordinator(Offers):
         cohort = sorted({a.node for a in split} | {self.node})
         followers = {}
         for answer in split:
-            follow = Follower(answer, key, self.ask, self.swarm.stall, self._gone())
+            follow = Follower(answer, key, self.ask, self.swarm.stall, self._gone(), self._torrent)
             follow.others = [s for s in swarms if s != answer.swarm]
             follow.share = share_of(self.node, cohort, answer.node)
             followers[answer.node] = follow
@@ -315,7 +321,7 @@ class Coordinator(Offers):
         listed: dict[str, str] = {}
         for answer in sorted(split, key=lambda a: a.node):
             for offer in answer.manifest.files if answer.manifest else ():
-                if offer.torrent is not None or offer.name not in listed:
+                if offer.info_hash is not None or offer.name not in listed:
                     listed[offer.name] = answer.node
         return Plan(key, self.node, cohort, followers, listed=listed)
 

@@ -36,8 +36,11 @@ class Follower:
         ask: Callable[[str, str], Awaitable[Answer | None]],
         stall: float,
         gone: float | None = None,
+        fetch_torrent: Callable[[str, FileOffer], Awaitable[bytes | None]] | None = None,
     ) -> None:
         self._ask = ask  # the coordinator's: a peer's answer about a model
+        self._fetch_torrent = fetch_torrent  # a torrent by its info hash, checked
+        self.torrents: dict[str, bytes] = {}  # file name -> the torrent fetched
         self._stall = stall
         self._gone = stall if gone is None else min(gone, stall)
         self.api = answer.api
@@ -146,12 +149,21 @@ class Follower:
         return found
 
     async def torrent(self, name: str) -> bytes:
-        def ready() -> bytes | None:
-            offer = self.manifest.file(name) if self.manifest else None
-            return offer.torrent if offer else None
+        """The torrent of the file ``name``, once the node lists it, fetched by its info
+        hash and checked; SwarmError when the node cannot give it."""
 
-        found: bytes = await self._wait(ready, f"torrent of {name}")
-        return found
+        def ready() -> FileOffer | None:
+            offer = self.manifest.file(name) if self.manifest else None
+            return offer if offer is not None and offer.info_hash is not None else None
+
+        offer: FileOffer = await self._wait(ready, f"torrent of {name}")
+        raw = self.torrents.get(name)
+        if raw is None and self._fetch_torrent is not None:
+            raw = await self._fetch_torrent(self.api, offer)
+        if raw is None:
+            raise SwarmError(f"{self!r}: its torrent of {name} could not be had")
+        self.torrents[name] = raw
+        return raw
 
 
 def known_torrent(follow: Follower | None, name: str, size: int, etag: Any) -> bytes | None:
@@ -159,9 +171,10 @@ def known_torrent(follow: Follower | None, name: str, size: int, etag: Any) -> b
     (size and a strong ETag): the bytes the cache holds are then the torrent's, whether
     they came from the swarm (checked piece by piece) or from the origin."""
     offer = follow.manifest.file(name) if follow is not None and follow.manifest else None
-    if offer is None or offer.torrent is None or etag is None:
+    torrent = follow.torrents.get(name) if follow is not None else None
+    if offer is None or torrent is None or etag is None:
         return None
-    return offer.torrent if (offer.size, offer.etag) == (size, etag) else None
+    return torrent if (offer.size, offer.etag) == (size, etag) else None
 
 
 def leads(answer: Answer) -> bool:

@@ -4,8 +4,8 @@ A manifest::
 
     {"key": <model_key(url)>, "url": <redacted URL>, "node": <node id>,
      "swarm": "ip:port", "state": "fetching" | "following" | "complete",
-     "files": [{"name", "url" (redacted), "size", "etag", "last_modified",
-                "done": bytes held, "torrent": base64 | null}]}
+     "files": [{"name": path within the origin, "url" (redacted), "size", "etag",
+                "last_modified", "done": bytes held, "info_hash": v2 hex | null}]}
 
 ``state``: ``fetching``, the node pulls the model from the origin (it leads); ``following``,
 it waits for or downloads from another node (or has not chosen yet): nobody follows it,
@@ -19,14 +19,13 @@ URL, while the parameters that name a version (``?rev=2``, S3 ``versionId``, GCS
 manifest carries a secret. A file goes by its path within the origin (``file_name``),
 so ``a/model.safetensors`` and ``b/model.safetensors`` never meet; its torrent is
 named by the last segment. A manifest comes from a peer, which may lie: ``parse`` checks every field
-(types, sizes, names that could leave a folder, torrents that do not describe the
-file they are given for) and refuses the whole manifest, naming the peer.
+(types, sizes, names that could leave a folder, info hashes) and refuses the whole
+manifest, naming the peer; ``check_torrent`` checks a torrent fetched by its info
+hash against the file it is for.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import ipaddress
 import re
@@ -43,6 +42,7 @@ __all__ = [
     "FileOffer",
     "Manifest",
     "ManifestError",
+    "check_torrent",
     "file_name",
     "model_key",
     "parse",
@@ -55,7 +55,7 @@ Describe = Callable[[bytes], tuple[str, int]]
 
 MAX_FILE_SIZE = 1 << 50  # 1 PiB: larger is a lie
 MAX_FILES = 100_000
-MAX_TORRENT = 32 << 20  # base64 text of one file's torrent (a v2 torrent holds 32 B a piece)
+MAX_TORRENT = 32 << 20  # bytes of one file's torrent (a v2 torrent holds 32 B a piece)
 _MAX_TEXT = 4096
 _HEX = re.compile(r"^[0-9a-f]+$")
 
@@ -96,7 +96,12 @@ def torrent_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class FileOffer:
-    """One file of a manifest; ``torrent`` once the node holds it whole and seeds it."""
+    """One file of a manifest; ``info_hash`` once the node holds it whole and seeds it.
+
+    ``torrent`` is the torrent's bytes where this node made or fetched it; a manifest
+    names only its info hash, and a peer fetches the torrent once, by that hash
+    (``GET /v1/swarm/torrents/{info_hash}``, checked by ``check_torrent``): a manifest
+    asked for twice a second stays small whatever the torrents weigh."""
 
     name: str
     url: str
@@ -104,7 +109,8 @@ class FileOffer:
     etag: str | None = None
     last_modified: str | None = None
     done: int = 0
-    torrent: bytes | None = None
+    torrent: bytes | None = field(default=None, compare=False, repr=False)
+    info_hash: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -114,7 +120,7 @@ class FileOffer:
             "etag": self.etag,
             "last_modified": self.last_modified,
             "done": self.done,
-            "torrent": base64.b64encode(self.torrent).decode() if self.torrent else None,
+            "info_hash": self.info_hash,
         }
 
 
@@ -203,29 +209,43 @@ def swarm_address(value: Any) -> str:
     return str(text)
 
 
-def _torrent(value: Any, what: str, size: int, name: str, describe: Describe | None) -> Any:
+def _info_hash(value: Any, what: str) -> str | None:
     if value is None:
         return None
-    text = _text(value, what, limit=MAX_TORRENT)
+    if not isinstance(value, str) or len(value) != 64 or not _HEX.match(value):
+        raise ManifestError(f"{what} is not a v2 info hash (64 hex digits)")
+    return value
+
+
+def check_torrent(
+    raw: bytes, offer: FileOffer, describe: Describe, hash_of: Callable[[bytes], str]
+) -> bytes:
+    """``raw``, a peer's torrent of ``offer``'s file, checked (blocking: it is parsed):
+    it must have the offer's info hash and describe the file's name and size.
+
+    Raises:
+        ManifestError: it is not that torrent.
+    """
+    what = f"the torrent of {offer.name}"
+    if len(raw) > MAX_TORRENT:
+        raise ManifestError(f"{what} is over {MAX_TORRENT} bytes")
     try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise ManifestError(f"{what} is not base64") from None
-    if describe is not None:
-        try:
-            t_name, t_size = describe(raw)
-        except ValueError as exc:
-            raise ManifestError(f"{what} is not a usable torrent: {exc}") from None
-        if t_size != size:
-            raise ManifestError(f"{what} describes {t_size} bytes, the manifest says {size}")
-        if t_name != torrent_name(name):
-            raise ManifestError(
-                f"{what} describes a file {t_name!r:.80}, not {torrent_name(name)!r}"
-            )
+        t_name, t_size = describe(raw)
+        digest = hash_of(raw)
+    except ValueError as exc:
+        raise ManifestError(f"{what} is not a usable torrent: {exc}") from None
+    if digest != offer.info_hash:
+        raise ManifestError(f"{what} has the info hash {digest[:16]}, not {offer.info_hash}")
+    if t_size != offer.size:
+        raise ManifestError(f"{what} describes {t_size} bytes, the manifest says {offer.size}")
+    if t_name != torrent_name(offer.name):
+        raise ManifestError(
+            f"{what} describes a file {t_name!r:.80}, not {torrent_name(offer.name)!r}"
+        )
     return raw
 
 
-def _offer(raw: Any, i: int, describe: Describe | None) -> FileOffer:
+def _offer(raw: Any, i: int) -> FileOffer:
     what = f"files[{i}]"
     if not isinstance(raw, dict):
         raise ManifestError(f"{what} is not an object")
@@ -238,23 +258,22 @@ def _offer(raw: Any, i: int, describe: Describe | None) -> FileOffer:
         etag=_text(raw.get("etag"), f"{what}.etag", optional=True, limit=1024),
         last_modified=_text(raw.get("last_modified"), f"{what}.last_modified", optional=True),
         done=_count(raw.get("done", 0), f"{what}.done", size),
-        torrent=_torrent(raw.get("torrent"), f"{what}.torrent", size, name, describe),
+        info_hash=_info_hash(raw.get("info_hash"), f"{what}.info_hash"),
     )
 
 
-def parse(doc: Any, peer: str, key: str, describe: Describe | None = None) -> Manifest:
-    """The manifest a peer sent for the model ``key``.
+def parse(doc: Any, peer: str, key: str) -> Manifest:
+    """The manifest a peer sent for the model ``key`` (its torrents, fetched by their
+    info hash, are checked by ``check_torrent``).
 
     Args:
         doc: the decoded JSON.
         peer: names the peer in errors.
-        describe: ``torrents.describe``, to check each torrent against its file (None:
-            torrents are taken as given, for a node without libtorrent).
 
     Raises:
         ManifestError: any field missing, of the wrong type, too large, a name that is
-            not a plain file name, twice the same name, a torrent that does not describe
-            its file; naming the peer.
+            not a relative path of plain names, twice the same name, an info hash that
+            is not one; naming the peer.
     """
     try:
         if not isinstance(doc, dict):
@@ -271,7 +290,7 @@ def parse(doc: Any, peer: str, key: str, describe: Describe | None = None) -> Ma
         files = doc.get("files")
         if not isinstance(files, list) or len(files) > MAX_FILES:
             raise ManifestError(f"files is not a list of at most {MAX_FILES}")
-        offers = tuple(_offer(raw, i, describe) for i, raw in enumerate(files))
+        offers = tuple(_offer(raw, i) for i, raw in enumerate(files))
         if len({o.name for o in offers}) != len(offers):
             raise ManifestError("it names a file twice")
         return Manifest(

@@ -48,6 +48,14 @@ class Offers:
         self._lane = Lane("swarm", 1)  # torrents made, manifests parsed
         self._looks = Lane("held", 1)  # stat calls, never behind a torrent being made
 
+    def torrent(self, digest: str) -> bytes | None:
+        """The torrent with the info hash ``digest`` among the files offered, or None."""
+        for manifest in self.manifests.values():
+            for offer in manifest.files:
+                if offer.info_hash == digest and offer.torrent is not None:
+                    return offer.torrent
+        return None
+
     def close(self) -> None:
         self._lane.close()
         self._looks.close()
@@ -129,7 +137,7 @@ class Offers:
         old = await run_blocking(self._looks, lambda: self.held.add(key, name, key_of, data))
         if old is not None:
             await self.swarm.remove(old.info_hash)  # a new version of the file
-        offer = FileOffer(name, url, size, etag, modified, size, torrent)
+        offer = FileOffer(name, url, size, etag, modified, size, torrent, key_of)
         manifest = self.manifests.get(key)
         if manifest is not None:
             self.manifests[key] = manifest.with_file(offer)
