@@ -21,7 +21,7 @@ from ...errors import NotFoundError, SourceError
 from ...redact import redacting_logger
 from ...threads import Lanes
 from ...throttle import LimiterStatistics
-from ..base import Blob, Source
+from ..base import Blob, Current, Source
 from ..digests import Digest
 from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing
 from ..http.retry import RetryableError
@@ -226,6 +226,12 @@ class S3Source(Source):
                 return sorted(names)
 
     # -- Source --------------------------------------------------------------------
+
+    async def current(self, url: str) -> Current:
+        """From a HEAD (no body); opened where the store cannot answer one usefully."""
+        await self._signer.setup()
+        found = await self._store.head(url, self._object_url(url))
+        return Current(*found) if found is not None else await super().current(url)
 
     async def open(self, url: str) -> Blob:
         """Open ``url``, checked against its full-object checksum when it has one: asked
