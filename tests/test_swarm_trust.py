@@ -287,6 +287,18 @@ def test_the_routes_take_a_proof_and_answer_an_unchanged_manifest_with_304(
                 assert exc.code == 401 and first == 200
         assert fleet[0].get(path, token="")[0] == 401
         assert fleet[0].get(path)[0] == 200  # the operator, with the bearer token
+        # Torrents by their info hash: proven, bounded, nothing for a wrong hash.
+        _, doc = fleet[0].get(path)
+        digest = doc["files"][0]["info_hash"]
+        status, headers, torrent, nonce = _signed_get(
+            fleet[0], f"/v1/swarm/torrents/{digest}", proof
+        )
+        assert status == 200 and b"pieces" in torrent
+        proof.check_answer(headers.get(ANSWER_HEADER), nonce, 200, "", torrent)
+        for wrong in ("0" * 64, "zz", "a" * 5000, digest.upper()):
+            got = fleet[0].get(f"/v1/swarm/torrents/{wrong}")[0]
+            assert got in (404, 414, 431), (wrong[:10], got)
+        assert fleet[0].get(f"/v1/swarm/torrents/{digest}", token="")[0] == 401
 
 
 # -- fleets ---------------------------------------------------------------------------------
