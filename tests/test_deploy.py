@@ -284,13 +284,14 @@ def test_the_daemonsets_settings_start_a_daemon_that_refuses_strangers() -> None
     args = parser.parse_args(daemon["args"])
     token = "0123456789abcdef0123456789abcdef"  # what the Secret's command makes
     env = {
-        e["name"]: e["value"] if "value" in e else token
+        e["name"]: e.get("value", token)
         for e in daemon["env"]
         if e["name"].startswith("AIOLOADER_")
     }
-    assert "secretKeyRef" in next(e for e in daemon["env"] if e["name"] == "AIOLOADER_TOKEN")[
-        "valueFrom"
-    ]
+    assert (
+        "secretKeyRef"
+        in next(e for e in daemon["env"] if e["name"] == "AIOLOADER_TOKEN")["valueFrom"]
+    )
     config = config_from_args(args, env)
     assert config.host == "0.0.0.0" and config.token == token and not config.no_auth
     env.pop("AIOLOADER_TOKEN")

@@ -171,8 +171,14 @@ class Fetcher:
         try:
             await cache.eviction.make_room(files, version.size, self.exclude, self.executor)
             published = await self._published(url, version)
+            # A download an earlier run left is checked whole against the publisher's
+            # digest at its end: its source sees only the bytes it reads now.
+            left = await self._blocking(lambda: files.journal.exists(), url, "checking")
+            digest = await self.source.publisher_digest(url) if left else None
             partial: PartialFile = await self._blocking(
-                lambda: PartialFile.open(files, url, version, published=published),
+                lambda: PartialFile.open(
+                    files, url, version, published=published, digest=digest
+                ),
                 url, "preparing", on_abandon=PartialFile.close,
             )  # fmt: skip
             partial.heartbeat = lock.beat
@@ -234,10 +240,16 @@ class Fetcher:
                 if published.where == "ETag"
                 else ""
             )
+            how = "corrupted on the way"
+            if partial.resumed:
+                how = (
+                    "resumed from a partial download an earlier run left, and its bytes "
+                    "changed on disk since, or were corrupted on the way"
+                )
             raise CacheError(
                 f"{url}: the downloaded bytes have {published.algorithm} {exc.actual}, but the "
                 f"server publishes {published.value} ({published.where}); the download was "
-                f"discarded. The bytes were corrupted on the way: fetch again.{hint}"
+                f"discarded. The bytes were {how}: fetch again.{hint}"
             ) from None
 
     async def _touch(self, files: EntryFiles, version: Version) -> bool:

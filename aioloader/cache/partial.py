@@ -42,6 +42,7 @@ from ..direct_io import DIRECT_IO, fill, write_direct
 from ..ranges import RangeSet
 from ..redact import redacting_logger
 from ..sources.base import clip
+from ..sources.digests import Digest
 from .checksum import DigestMismatch, PrefixHash, Published
 from .entry import EntryFiles, Meta, Version, fsync_dir, read_meta, write_meta
 from .journal import Check, digest_of, proven, read_journal, resumable, rewrite_journal
@@ -147,10 +148,15 @@ class PartialFile:
         journal: int,
         published: Published | None = None,
         direct: int | None = None,
+        digest: Digest | None = None,
     ) -> None:
         self.files = files
         self.meta = meta
         self.done = done
+        # Bytes an earlier run wrote, which no source's check has seen in this one.
+        self.resumed = bool(done)
+        self._resumed_digest = digest if self.resumed else None
+        self._running = self._resumed_digest.running() if self._resumed_digest else None
         self._checks = _RangeChecks()
         self._fd: int | None = fd
         self._journal = journal
@@ -170,6 +176,8 @@ class PartialFile:
 
     def _observe(self, position: int, data: memoryview) -> None:
         self._checks.feed(position, data)
+        if self._running is not None:
+            self._running.update(data)
         self.heartbeat()
 
     @classmethod
@@ -181,12 +189,18 @@ class PartialFile:
         *,
         published: Published | None = None,
         direct: bool = False,
+        digest: Digest | None = None,
     ) -> PartialFile:
         """Resume the partial download of ``version``, or start one from nothing.
 
         Args:
             published: a digest the server published for the file; ``complete``
                 refuses bytes that do not match it.
+            digest: the digest its publisher gives (``Source.publisher_digest``), for a
+                download resumed here: the source checks the bytes it reads, but not
+                those an earlier run left, so ``complete`` checks the whole file read
+                back from the disk, the resumed prefix included, and refuses it
+                (``DigestMismatch``) when they differ. Unused for a new download.
             direct: write aligned bytes with ``O_DIRECT`` where the file system
                 allows it, and hash at ``complete`` (see the module docstring).
 
@@ -223,7 +237,7 @@ class PartialFile:
             if not resume:
                 files.discard()  # nothing half made stays behind
             raise
-        return cls(files, meta, done, fd, journal, published, direct_fd)
+        return cls(files, meta, done, fd, journal, published, direct_fd, digest)
 
     def _require(self) -> int:
         if self._fd is None:
@@ -306,6 +320,13 @@ class PartialFile:
         actual = self._digest.published_form()
         if self._published is not None and actual != self._published.value:
             raise DigestMismatch(self._published, actual or "")
+        expected = self._resumed_digest
+        if expected is not None and self._running is not None:
+            got = self._running.result()
+            if got != expected.value:
+                raise DigestMismatch(
+                    Published(expected.algorithm, expected.value, expected.where), got
+                )
         os.fsync(fd)
         if self._direct is not None:
             # Hashing read the file back into the page cache: nobody reads it from there.
