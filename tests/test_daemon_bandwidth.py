@@ -23,6 +23,7 @@ from aioloader.daemon.bandwidth import Bandwidth, TokenBucket
 from aioloader.daemon.priority import PriorityGate
 
 from .daemon_helpers import running, single_file, write_model
+from .s3_server import MotoS3Server
 from .servers import FaultyHttpServer
 
 pytest.importorskip("prometheus_client")
@@ -359,3 +360,49 @@ def test_the_bucket_and_the_gate_in_process() -> None:
     order, elapsed = asyncio.run(main())
     assert order == ["first", "b", "c", "a", "d"]
     assert elapsed >= 1.2  # 1.5 MiB, of which a quarter came free
+
+
+def test_a_retry_that_reads_a_stream_again_is_paced_too(
+    http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """A server that ignores Range is read as one stream; a stream cut at 3 MiB is opened
+    again and read from its start: those 3 MiB cross the network again, and count against
+    the cap as every other byte does (issue 42)."""
+    source = single_file(http_server.root / "stream.safetensors", kib=4096)
+    url = http_server.url_for("stream.safetensors")
+    http_server.ignore_range("stream.safetensors")
+    # The probe takes the first fault (it reads 256 KiB and closes), the stream the second.
+    http_server.reset_after("stream.safetensors", 3 * MiB, count=2)
+    with running(tmp_path / "cache", "--max-bandwidth", "1MiB/s") as daemon:
+        started = time.monotonic()
+        assert daemon.post({"url": url, "id": "stream"})[0] == 202
+        record = daemon.wait_status("stream", "ready", seconds=120)
+        seconds = time.monotonic() - started
+        m = daemon.metrics()
+    assert Path(record["path"]).read_bytes() == source.read_bytes()
+    assert http_server.bytes_sent > 6 * MiB, "the stream was read twice"
+    # The daemon read about 7.25 MiB (the probe, 3 MiB, then the whole 4 MiB stream), and
+    # took every one from the cap: at 1 MiB/s that takes 7 s less a quarter second of
+    # burst. (The server's socket buffers hide the pace of one stream from its counts.)
+    assert m["aioloader_daemon_throttled_bytes_total"] >= 7 * MiB
+    assert seconds >= 6.0, seconds
+
+
+def test_listings_count_against_the_cap(s3_env: MotoS3Server, tmp_path: Path) -> None:
+    """A folder's listing (here S3's ListObjectsV2 pages, about 0.7 MiB of XML for 2000
+    keys) crosses the network as the weights do, and counts against the cap (issue 42)."""
+    s3_env.create_bucket("listed")
+    model = single_file(tmp_path / "model.safetensors", kib=512)
+    s3_env.put_object("listed", "m/model.safetensors", model.read_bytes())
+    client = s3_env.client()
+    for n in range(2000):
+        client.put_object(Bucket="listed", Key=f"m/notes-{n:06d}-{'x' * 150}.txt", Body=b"")
+    with running(tmp_path / "cache", "--max-bandwidth", "1MiB/s") as daemon:
+        assert daemon.post({"url": "s3://listed/m/", "id": "listed"})[0] == 202
+        record = daemon.wait_status("listed", "ready", seconds=120)
+        m = daemon.metrics()
+    assert (Path(record["path"]) / "model.safetensors").read_bytes() == model.read_bytes()
+    # The bytes that waited for the cap: all but its first quarter second (256 KiB) of the
+    # weights, and the listing's pages (2000 keys of 170 bytes and more).
+    waited = model.stat().st_size - 256 * 1024 + 2000 * 200
+    assert m["aioloader_daemon_throttled_bytes_total"] >= waited

@@ -4,7 +4,8 @@ A preload must not starve the serving traffic that shares the node's network
 card, so every download of one daemon draws from one bucket that refills at the
 cap and holds a quarter of a second of it. A download takes its bytes from the
 bucket *before* each request that brings bytes over the network is sent, the probe
-that opens a file (its first 256 KiB) included (see ``aioloader/pace.py``), and
+that opens a file (its first 256 KiB), listings, metadata and the bytes a retry
+reads again included (see ``aioloader/pace.py``), and
 range reads are cut to at most that quarter second (``quantum``), so nothing goes
 out beyond the bucket's quarter second at the start. Taking before the read, rather
 than as bytes arrive, is what keeps the cap on the wire: a reader that slows

@@ -13,7 +13,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from ...errors import ClosedError
-from ...pace import take
+from ...pace import quantum, take
 from ...prefault import populate
 from ...threads import run_blocking
 from ..base import Blob, clip
@@ -176,7 +176,12 @@ class HttpBlob(Blob):
             content = self._stream.content
             pace = self._retrier.pace(self._stream_pos)
             while self._stream_pos < position:
-                skipped = await content.read(min(position - self._stream_pos, 1 << 20))
+                # Bytes skipped to reach ``position`` cross the network as any others (a
+                # stream opened again after a failure reads its start again): a paced
+                # fetch takes them too (pace.py), a quantum at a time, before each read.
+                step = min(position - self._stream_pos, quantum(1 << 20))
+                await take(step)
+                skipped = await content.read(step)
                 if not skipped:
                     raise RetryableError(f"stream ended at byte {self._stream_pos}")
                 self._stream_pos += len(skipped)

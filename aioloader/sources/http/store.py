@@ -9,6 +9,7 @@ read as one sequential stream, with a warning.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlparse
 
 from ...config import HttpOptions
@@ -117,6 +118,7 @@ class HttpStore:
         try:
             headers = {"Accept-Encoding": "identity"}
             async with await transport.send("HEAD", url, fetch_url, headers) as response:
+                await take(_header_bytes(response))  # a HEAD brings its headers only
                 if response.status in (405, 501) or 300 <= response.status < 400:
                     return None  # no HEAD here, or a redirect that GET would follow
                 await transport.check_status(url, response, None)
@@ -146,7 +148,14 @@ class HttpStore:
                 if response.status == 404:
                     raise NotFoundError(not_found(await transport.signer.error_detail(response)))
                 await transport.check_status(url, response, None)
+                # A listing page or metadata is bytes from the origin as a file's are: a
+                # paced fetch takes them (pace.py), before the body when its length is
+                # known, else once it has come.
+                length = response.content_length
+                await take(length or 0)
                 body: bytes = await response.read()
+                if length is None:
+                    await take(len(body))
                 return body
         except transport_errors() as exc:
             raise RetryableError(str(exc) or type(exc).__name__) from exc
@@ -159,3 +168,8 @@ class HttpStore:
     async def aclose(self) -> None:
         """Close the connections; idempotent."""
         await self.transport.aclose()
+
+
+def _header_bytes(response: Any) -> int:
+    """About the bytes of an answer's status line and headers, as they came."""
+    return 16 + sum(len(name) + len(value) + 4 for name, value in response.raw_headers)
