@@ -207,7 +207,8 @@ async def _inspect(args: argparse.Namespace) -> int:
 
 
 async def _fetch(args: argparse.Namespace) -> int:
-    from .daemon_client import from_args, printer
+    from .daemon_client import printer
+    from .daemon_flags import from_args
     from .folder_copy import copy_folder
 
     through = from_args(args)
@@ -295,7 +296,7 @@ def _parser() -> argparse.ArgumentParser:
         "dest", help="the local folder (made if missing); fetch removes only what it wrote there"
     )
     _add_load_options(fetch)
-    from .daemon_client import add_arguments as add_daemon_arguments
+    from .daemon_flags import add_arguments as add_daemon_arguments
 
     add_daemon_arguments(fetch)
 
