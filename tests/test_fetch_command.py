@@ -422,3 +422,28 @@ def test_a_failed_presigned_fetch_prints_no_signature(
     out = _fetch(http_server.url_for("m/missing.safetensors") + "?" + SIGNATURE, str(tmp_path))
     assert out.returncode == 1 and "missing.safetensors" in out.stderr
     assert "5ec7e75ec7e7" not in out.stderr + out.stdout and "AKIA" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("tail", "name"),
+    [
+        ("a%2Fb.safetensors?sig=x", "a%2Fb.safetensors"),  # a %2F is no folder
+        ("m.safetensors?name=../../etc/passwd", "m.safetensors"),
+        ("m.safetensors?" + "x=" + "y" * 5000, "m.safetensors"),
+        ("m.safetensors#frag?sig=x", "m.safetensors"),
+    ],
+)
+def test_hostile_presigned_urls_name_their_file_safely(tail: str, name: str) -> None:
+    from aioloader.folder_files import _last_segment
+
+    assert _last_segment("https://h.example/b/" + tail) == name
+
+
+@pytest.mark.parametrize("tail", ["%2E%2E?sig=x", "%00.safetensors?sig=x"])
+def test_a_presigned_url_whose_name_is_unsafe_is_refused(
+    tmp_path: Path, http_server: FaultyHttpServer, tail: str
+) -> None:
+    (http_server.root / "m").mkdir()
+    out = _fetch(http_server.url_for("m") + "/" + tail, str(tmp_path / "dest"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "dest").exists() or not any((tmp_path / "dest").iterdir())

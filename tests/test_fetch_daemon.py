@@ -414,11 +414,24 @@ def test_a_daemon_copy_altered_on_disk_never_reaches_dest(
         dest = tmp_path / "b"
         (dest / "keep.txt").parent.mkdir()
         (dest / "keep.txt").write_bytes(b"mine")
-        out = _fetch("--daemon", daemon.url, src, str(dest))
-    assert out.returncode == 1, out.stderr
-    for words in (f"the daemon at {daemon.url}", weights[2], "checksum", "cache verify"):
-        assert words in out.stderr, out.stderr
+        # Two jobs at once, into one DEST and into another: both refuse the copy.
+        procs = [
+            subprocess.Popen(
+                _command("--daemon", daemon.url, src, str(where)),
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for where in (dest, dest, tmp_path / "c")
+        ]
+        outs = [(p.wait(120), p.communicate()[1]) for p in procs]
+    for rc, err in outs:
+        assert rc == 1, err
+        for words in (f"the daemon at {daemon.url}", weights[2], "checksum", "cache verify"):
+            assert words in err, err
     assert _files(dest) == {"keep.txt": b"mine"} and not list(dest.glob(PARTIAL_PREFIX + "*"))
+    assert _files(tmp_path / "c") == {}
 
 
 def _xxh3(data: bytes) -> str:
@@ -471,13 +484,17 @@ async def test_a_daemon_copy_of_another_version_or_unvouched_is_read_from_the_or
     assert rc == 0, err
     assert _files(tmp_path / "a") == want and "another version" in err
 
-    async def unvouched(request: web.Request) -> web.Response:
-        if request.match_info["key"] not in by_key:
-            return web.Response(status=404)
-        return web.Response(body=bytes(len(by_key[request.match_info["key"]])))
+    # No checksum, or none of this form (wrong algorithm, upper case, huge, empty).
+    for n, said in enumerate([None, "md5:" + "0" * 32, "XXH3-128:" + "A" * 32, "x" * 6000, ""]):
 
-    liar.file = unvouched
-    rc, err = await _run("--daemon", liar.url, src, str(tmp_path / "b"))
-    assert rc == 0, err
-    assert _files(tmp_path / "b") == want and "no checksum" in err
-    _assert_same_tensors(tmp_path / "b", http_server.root / "m", weights)
+        async def unvouched(request: web.Request, said: str | None = said) -> web.Response:
+            if request.match_info["key"] not in by_key:
+                return web.Response(status=404)
+            headers = {} if said is None else {"X-Aioloader-Checksum": said}
+            return web.Response(body=bytes(len(by_key[request.match_info["key"]])), headers=headers)
+
+        liar.file = unvouched
+        rc, err = await _run("--daemon", liar.url, src, str(tmp_path / f"b{n}"))
+        assert rc == 0, err
+        assert _files(tmp_path / f"b{n}") == want and "no checksum" in err
+    _assert_same_tensors(tmp_path / "b0", http_server.root / "m", weights)
