@@ -85,3 +85,24 @@ async def test_a_resumed_prefix_left_as_it_was_completes_from_what_is_missing(
     assert 0 < fetched.downloaded <= shard.size - shard.size // 2 + (1 << 20)
     name = shard.url.rsplit("/", 1)[-1]
     assert (Path(shard.path) / "data").read_bytes() == (folder / name).read_bytes()
+
+
+async def test_a_partial_file_the_journal_vouches_for_whole_is_checked_too(
+    hub: Any, tmp_path: Path
+) -> None:
+    """Nothing left to download: the entry would be committed from the disk alone."""
+    folder = tmp_path / "src"
+    write_sharded(folder, some_big(5), shards=2)
+    hub.commit("org/m", {p.name: p.read_bytes() for p in folder.iterdir()})
+    root = tmp_path / "cache"
+    await ModelCache(root).fetch("hf://org/m")
+    shard = next(e for e in ModelCache(root).entries() if e.url.endswith(".safetensors"))
+    _back_to_partial(Path(shard.path), keep=shard.size)
+    _flip(Path(shard.path) / "data.partial", shard.size - 1)
+    with pytest.raises(CacheError, match="changed on disk"):
+        await ModelCache(root).fetch("hf://org/m")
+    assert not (Path(shard.path) / "data").exists()
+    fetched = await ModelCache(root).fetch("hf://org/m")
+    assert fetched.downloaded >= shard.size
+    name = shard.url.rsplit("/", 1)[-1]
+    assert (Path(shard.path) / "data").read_bytes() == (folder / name).read_bytes()
