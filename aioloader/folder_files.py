@@ -117,11 +117,11 @@ def _name_in(source: Source, folder: str, url: str, src: str) -> tuple[str, str]
 
 
 def _query_of(url: str) -> str:
-    """The query of a remote URL (a presigned URL's signature); "" for a local path,
-    where ``?`` is part of a file's name."""
-    if "://" not in url or url.startswith("file://"):
-        return ""
-    return urlsplit(url).query
+    """The query of an ``http(s)://`` URL (a presigned URL's signature); "" for any
+    other, where ``?`` is part of a name: a local path's, or an ``s3://``, ``gs://`` or
+    ``az://`` key's (everything after the bucket is the key, as the AWS CLI takes it)."""
+    parts = urlsplit(url)
+    return parts.query if parts.scheme.lower() in ("http", "https") else ""
 
 
 def _last_segment(url: str) -> str:

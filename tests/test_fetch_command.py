@@ -447,3 +447,19 @@ def test_a_presigned_url_whose_name_is_unsafe_is_refused(
     out = _fetch(http_server.url_for("m") + "/" + tail, str(tmp_path / "dest"))
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert not (tmp_path / "dest").exists() or not any((tmp_path / "dest").iterdir())
+
+
+async def test_an_s3_key_holding_a_question_mark_keeps_it_in_its_name(
+    tmp_path: Path, s3_env: MotoS3Server
+) -> None:
+    """Only an http(s) URL has a query: an s3:// key's '?' is part of its name."""
+    from safetensors.torch import save
+
+    torch = pytest.importorskip("torch")
+    data = save({"t": torch.arange(10)})
+    s3_env.create_bucket("question")
+    s3_env.put_object("question", "m/a?b.safetensors", data)
+    dest = tmp_path / "dest"
+    done = await copy_folder("s3://question/m/a?b.safetensors", dest)
+    assert done.files == ("a?b.safetensors",)
+    assert (dest / "a?b.safetensors").read_bytes() == data
