@@ -53,6 +53,7 @@ def no_leaks() -> Iterator[None]:
 
 from .fixtures_hub import hub  # noqa: E402, F401
 from .fixtures_remote import http_server, moto_auth_server, moto_server, s3_env  # noqa: E402, F401
+from .fixtures_stores import account, azurite, emulator, gcs  # noqa: E402, F401
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

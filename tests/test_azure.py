@@ -8,7 +8,6 @@ in the environment, and a bad key; every tensor compared bit for bit.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,23 +21,6 @@ pytest.importorskip("azure.storage.blob")
 pytestmark = pytest.mark.skipif(
     not AZURITE.exists(), reason="no Azurite (run scripts/azurite_setup.sh)"
 )
-
-
-@pytest.fixture(scope="module")
-def azurite() -> Iterator[AzuriteServer]:
-    with AzuriteServer() as server:
-        yield server
-
-
-@pytest.fixture
-def account(azurite: AzuriteServer, monkeypatch: pytest.MonkeyPatch) -> AzuriteServer:
-    for name in (
-        "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY",
-        "AZURE_STORAGE_ACCOUNT_NAME",
-    ):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
-    return azurite
 
 
 async def test_a_prefix_an_index_and_one_blob_load_bit_for_bit(

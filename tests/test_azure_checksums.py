@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +28,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 BLOCK = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def azurite() -> Iterator[AzuriteServer]:
-    with AzuriteServer() as server:
-        yield server
-
-
-@pytest.fixture
-def account(azurite: AzuriteServer, monkeypatch: pytest.MonkeyPatch) -> AzuriteServer:
-    for name in (
-        "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY",
-        "AZURE_STORAGE_ACCOUNT_NAME",
-    ):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
-    return azurite
 
 
 def _container(azurite: AzuriteServer, name: str) -> Any:

@@ -18,7 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from .fleet import Fleet, Model, Origin, daemon_flag, swarm_missing, write_model
+from . import fixtures_fleet
+from .fleet import Fleet, Model, Origin, daemon_flag, swarm_missing
+
+origin, model = fixtures_fleet.origin, fixtures_fleet.model  # the shared fixtures
+_url, _identical = fixtures_fleet.url_of, fixtures_fleet.identical
 
 pytest.importorskip("prometheus_client")
 
@@ -37,19 +41,6 @@ MakeFleet = Callable[..., Fleet]
 
 
 @pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    (tmp_path / "origin").mkdir()
-    with Origin(tmp_path / "origin") as server:
-        yield server
-
-
-@pytest.fixture
-def model(origin: Origin) -> Model:
-    # Shards of 8 MiB: the probe read twice per file stays within 5 % of the model.
-    return write_model(origin.root / "llm", 16 * MIB, shards=2)
-
-
-@pytest.fixture
 def make_fleet(tmp_path: Path) -> Iterator[MakeFleet]:
     fleets: list[Fleet] = []
 
@@ -62,15 +53,6 @@ def make_fleet(tmp_path: Path) -> Iterator[MakeFleet]:
     yield make
     for fleet in fleets:
         fleet.close()
-
-
-def _url(origin: Origin, model: Model) -> str:
-    return origin.url_for(model.relpath(model.index, origin.root))
-
-
-def _identical(fleet: Fleet, nodes: list[int], model: Model, origin: Origin) -> None:
-    wrong = [line for i in nodes for line in fleet.mismatches(i, model, origin)]
-    assert wrong == []
 
 
 # -- the rig, and the daemon as it is without peers ----------------------------------------

@@ -7,7 +7,6 @@ client libraries; every tensor is compared bit for bit with safetensors.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,6 @@ from .helpers import assert_matches_files, random_tensors, some_big, write_file,
 from .servers import GcsEmulator
 
 pytest.importorskip("gcp_storage_emulator")
-
-
-@pytest.fixture(scope="module")
-def emulator() -> Iterator[GcsEmulator]:
-    with GcsEmulator() as server:
-        yield server
-
-
-@pytest.fixture
-def gcs(emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> GcsEmulator:
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.endpoint)
-    return emulator
 
 
 async def test_a_prefix_an_index_and_one_object_load_bit_for_bit(

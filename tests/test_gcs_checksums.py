@@ -8,7 +8,6 @@ never needs the MD5.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,6 @@ from .helpers import assert_matches_files, write_file
 from .servers import GcsEmulator
 
 pytest.importorskip("gcp_storage_emulator")
-
-
-@pytest.fixture(scope="module")
-def emulator() -> Iterator[GcsEmulator]:
-    with GcsEmulator() as server:
-        yield server
-
-
-@pytest.fixture
-def gcs(emulator: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> GcsEmulator:
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.endpoint)
-    return emulator
 
 
 def _model(tmp_path: Path, seed: int) -> tuple[Path, bytes]:

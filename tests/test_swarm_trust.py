@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,11 @@ import pytest
 
 from aioloader.swarm.proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof, ProofError
 
-from .fleet import TOKEN, Fleet, Model, Origin, swarm_missing, write_model
+from . import fixtures_fleet
+from .fleet import TOKEN, Fleet, Model, Origin, swarm_missing
+
+origin, model = fixtures_fleet.origin, fixtures_fleet.model  # the shared fixtures
+_url, _identical = fixtures_fleet.url_of, fixtures_fleet.identical
 
 pytest.importorskip("prometheus_client")
 
@@ -34,26 +38,6 @@ MIB = 1 << 20
 ARGS = ["--swarm-wait", "1", "--swarm-stall", "5"]
 OTHER = "a" * 32  # a token that is not the cluster's
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-@pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    (tmp_path / "origin").mkdir()
-    with Origin(tmp_path / "origin") as server:
-        yield server
-
-
-@pytest.fixture
-def model(origin: Origin) -> Model:
-    return write_model(origin.root / "llm", 16 * MIB, shards=2)
-
-
-def _url(origin: Origin, model: Model) -> str:
-    return origin.url_for(model.relpath(model.index, origin.root))
-
-
-def _identical(fleet: Fleet, nodes: list[int], model: Model, origin: Origin) -> None:
-    assert [line for i in nodes for line in fleet.mismatches(i, model, origin)] == []
 
 
 # -- the proof, pure ----------------------------------------------------------------------

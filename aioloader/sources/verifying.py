@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -52,6 +53,29 @@ HOLD_LIMIT = 512 << 20
 _REREAD = 16 << 20  # the largest read again at once
 
 HELD = HeldCopies()
+
+
+T = TypeVar("T")
+
+
+async def open_beside(opening: Awaitable[Blob], asking: Awaitable[T]) -> tuple[Blob, T]:
+    """``opening``'s blob and ``asking``'s answer (a HEAD for the object's digest), the
+    two in flight at once. The open's failure is the one told (the question is
+    cancelled); the question's failure closes the blob."""
+    question = asyncio.ensure_future(asking)
+    try:
+        blob = await opening
+    except BaseException:
+        question.cancel()
+        await asyncio.wait([question])
+        if not question.cancelled():
+            question.exception()  # the open's error is the one to tell
+        raise
+    try:
+        return blob, await question
+    except BaseException:
+        await blob.aclose()
+        raise
 
 
 def verifying(blob: Blob, digest: Digest | None, lane: Executor) -> Blob:

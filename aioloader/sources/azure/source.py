@@ -16,7 +16,6 @@ auto.py), and the SAS or key of the environment goes only to the account it name
 
 from __future__ import annotations
 
-import asyncio
 from functools import partial
 from urllib.parse import quote, urlencode, urlparse
 
@@ -31,7 +30,7 @@ from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing
 from ..http.retry import RetryableError
 from ..http.store import HttpStore
 from ..http.transport import transport_errors
-from ..verifying import verifying
+from ..verifying import open_beside, verifying
 from .signer import AzureSigner
 from .url import Location, with_query
 
@@ -102,25 +101,15 @@ class AzureSource(Source):
         if not where.name:
             raise SourceError(f"{redact(url)} names a container, not a blob or a prefix/")
         fetch_url = with_query(where.blob_url(), await self._signer.query(where))
-        head = asyncio.ensure_future(self._content_md5(url, fetch_url))
         try:
-            blob = await self._store.open(url, fetch_url)
-        except BaseException as exc:
-            head.cancel()
-            await asyncio.wait([head])
-            if head.done() and not head.cancelled():
-                head.exception()  # the open's error is the one to tell
-            if isinstance(exc, NotFoundError):
-                raise NotFoundError(
-                    f"{redact(url)} does not exist in container {where.container!r} of "
-                    f"account {where.account!r} ({exc}); check the container and blob name"
-                ) from exc
-            raise
-        try:
-            md5 = await head
-        except BaseException:
-            await blob.aclose()
-            raise
+            blob, md5 = await open_beside(
+                self._store.open(url, fetch_url), self._content_md5(url, fetch_url)
+            )
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"{redact(url)} does not exist in container {where.container!r} of "
+                f"account {where.account!r} ({exc}); check the container and blob name"
+            ) from exc
         digest = (
             Digest("md5", md5, "base64", "Azure keeps for the blob (Content-MD5)") if md5 else None
         )

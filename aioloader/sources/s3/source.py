@@ -27,7 +27,7 @@ from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing
 from ..http.retry import RetryableError
 from ..http.store import HttpStore
 from ..http.transport import transport_errors
-from ..verifying import verifying
+from ..verifying import open_beside, verifying
 from .checksums import guess_parts, read_checksum, whole_only
 from .signer import S3_NAMESPACE, S3Signer, xml_text
 from .url import bucket_url, object_url, split_s3_url
@@ -237,25 +237,14 @@ class S3Source(Source):
         """Open ``url``, checked against its full-object checksum when it has one: asked
         with a HEAD beside the first read (ranged GETs never carry it), see verifying.py."""
         await self._signer.setup()
-        head = asyncio.ensure_future(self._digest(url))
         try:
-            blob = await self._store.open(url, self._object_url(url))
-        except BaseException as exc:
-            head.cancel()
-            await asyncio.wait([head])
-            if head.done() and not head.cancelled():
-                head.exception()  # the open's error is the one to tell
-            if isinstance(exc, NotFoundError):
-                raise NotFoundError(
-                    f"{url} does not exist at {self._signer.endpoint} ({exc}); check the "
-                    "bucket and key"
-                ) from exc
-            raise
-        try:
-            digest = await head
-        except BaseException:
-            await blob.aclose()
-            raise
+            blob, digest = await open_beside(
+                self._store.open(url, self._object_url(url)), self._digest(url)
+            )
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"{url} does not exist at {self._signer.endpoint} ({exc}); check the bucket and key"
+            ) from exc
         if digest is not None and digest.parts and sum(digest.parts) != blob.size:
             digest = None  # replaced between the HEAD and the read: the read says so
         return verifying(blob, digest, self._lanes.digest)
