@@ -115,3 +115,14 @@ async def cancel_stream_after(loader: Any, url: str, ticks: int) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def flip_byte(path: Path, at: int) -> None:
+    """Change one byte of the file ``path`` in place: same size, other bytes (a cache
+    entry made writable first, as it is kept read-only)."""
+    path.chmod(0o600)
+    with path.open("r+b") as file:
+        file.seek(at)
+        byte = file.read(1)
+        file.seek(at)
+        file.write(bytes([byte[0] ^ 0xFF]))

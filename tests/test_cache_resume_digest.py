@@ -16,7 +16,7 @@ from safetensors.torch import load, load_file
 from aioloader import CacheError, ModelCache
 
 from . import test_hf
-from .helpers import some_big, write_sharded
+from .helpers import flip_byte, some_big, write_sharded
 
 hub = test_hf.hub
 
@@ -29,15 +29,6 @@ def _back_to_partial(entry: Path, keep: int) -> None:
     (entry / "meta.json").write_text(json.dumps(meta))
     os.replace(entry / "data", entry / "data.partial")
     (entry / "data.ranges").write_text(f"0 {keep}\n")
-
-
-def _flip(path: Path, at: int) -> None:
-    path.chmod(0o600)
-    with path.open("r+b") as file:
-        file.seek(at)
-        byte = file.read(1)
-        file.seek(at)
-        file.write(bytes([byte[0] ^ 0xFF]))
 
 
 async def test_a_resumed_prefix_changed_on_disk_is_caught_by_the_hubs_sha256(
@@ -53,7 +44,9 @@ async def test_a_resumed_prefix_changed_on_disk_is_caught_by_the_hubs_sha256(
     ]
     original = (folder / "model-00001-of-00002.safetensors").read_bytes()
     _back_to_partial(Path(shard.path), keep=shard.size // 2)
-    _flip(Path(shard.path) / "data.partial", shard.size // 4)  # inside the prefix it vouches for
+    flip_byte(
+        Path(shard.path) / "data.partial", shard.size // 4
+    )  # inside the prefix it vouches for
 
     with pytest.raises(CacheError) as caught:
         await ModelCache(root).fetch("hf://org/m")
@@ -98,7 +91,7 @@ async def test_a_partial_file_the_journal_vouches_for_whole_is_checked_too(
     await ModelCache(root).fetch("hf://org/m")
     shard = next(e for e in ModelCache(root).entries() if e.url.endswith(".safetensors"))
     _back_to_partial(Path(shard.path), keep=shard.size)
-    _flip(Path(shard.path) / "data.partial", shard.size - 1)
+    flip_byte(Path(shard.path) / "data.partial", shard.size - 1)
     with pytest.raises(CacheError, match="changed on disk"):
         await ModelCache(root).fetch("hf://org/m")
     assert not (Path(shard.path) / "data").exists()

@@ -26,6 +26,7 @@ from aioloader.folder_copy import PARTIAL_PREFIX, RECORD
 from aioloader.sources.http.rules import PROBE_SIZE
 
 from .daemon_helpers import TOKEN, free_port, running, write_model
+from .helpers import flip_byte
 from .http_server import FaultyHttpServer
 
 _SMALL = 2 * PROBE_SIZE  # the most of a file fetch reads to open it (and an index)
@@ -391,16 +392,6 @@ def _entry_data(cache: Path, url: str) -> Path:
     return cache / "entries" / key_of(url) / "data"
 
 
-def _flip(path: Path, at: int) -> None:
-    """Change one byte of ``path`` in place: same size, other bytes."""
-    path.chmod(0o600)
-    with path.open("r+b") as file:
-        file.seek(at)
-        byte = file.read(1)
-        file.seek(at)
-        file.write(bytes([byte[0] ^ 0xFF]))
-
-
 def test_a_daemon_copy_altered_on_disk_never_reaches_dest(
     tmp_path: Path, http_server: FaultyHttpServer
 ) -> None:
@@ -410,7 +401,7 @@ def test_a_daemon_copy_altered_on_disk_never_reaches_dest(
     with running(tmp_path / "cache", token=TOKEN) as daemon:
         out = _fetch("--daemon", daemon.url, src, str(tmp_path / "a"))
         assert out.returncode == 0, out.stderr + daemon.output()
-        _flip(_entry_data(tmp_path / "cache", shard), len(want[weights[2]]) // 2)
+        flip_byte(_entry_data(tmp_path / "cache", shard), len(want[weights[2]]) // 2)
         dest = tmp_path / "b"
         (dest / "keep.txt").parent.mkdir()
         (dest / "keep.txt").write_bytes(b"mine")
