@@ -76,6 +76,7 @@ class Asker:
         self.node, self.swarm, self.wait, self.lane = node, swarm, wait, lane
         self._known: OrderedDict[tuple[str, str], tuple[str, Answer]] = OrderedDict()
         self._torrents: OrderedDict[str, bytes] = OrderedDict()
+        self._torrent_bytes = 0  # held in ``_torrents``
         self.unchanged = 0  # answers that were a 304 (statistics, tests)
 
     def __repr__(self) -> str:
@@ -133,10 +134,12 @@ class Asker:
         except ManifestError as exc:
             logger.warning("peer %s: %s; ignored", api, exc)
             return None
-        self._torrents[digest] = raw
+        if digest not in self._torrents:
+            self._torrents[digest] = raw
+            self._torrent_bytes += len(raw)
         self._torrents.move_to_end(digest)
-        while sum(len(t) for t in self._torrents.values()) > _TORRENTS_KEPT:
-            self._torrents.popitem(last=False)
+        while self._torrent_bytes > _TORRENTS_KEPT:
+            self._torrent_bytes -= len(self._torrents.popitem(last=False)[1])
         return raw
 
     async def ask(self, api: str, key: str) -> Answer | None:

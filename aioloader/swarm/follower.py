@@ -1,9 +1,9 @@
 """The node a fetch follows (coordinator.py): what it answered, and its manifest, polled
 while this node waits for a file or a torrent. A node that stops offering the model, or
-that neither answers that it pulls the model from the origin nor changes its manifest
-for the stall time, is a ``SwarmError``: the fetch drops it and turns elsewhere. A node
-pulling a big file from a slow origin says ``fetching`` for as long as that takes (its
-own reads have their timeouts; a fetch that fails withdraws its manifest)."""
+whose manifest does not change for the stall time, is a ``SwarmError``: the fetch drops
+it and turns elsewhere. A node pulling from the origin shows the bytes it has read in
+its manifest, so it moves; saying ``fetching`` alone is no progress (a peer could say it
+for ever)."""
 
 from __future__ import annotations
 
