@@ -24,6 +24,7 @@ compares every parameter with ``safetensors`` reading ``files``, bit for bit. Wi
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from types import SimpleNamespace
@@ -79,6 +80,9 @@ def _run(spec: dict[str, Any], config: Any, out: dict[str, Any]) -> None:
     if spec["world"]:
         replica = config.parallel_config.world_size  # tp * pp: one replica's ranks
         rank = spec["rank"] % replica
+        # What vLLM's CPU worker sets before this call (cpu_worker.py): its shared-memory
+        # communicator names its segments by it, and reads it without a default.
+        os.environ.setdefault("VLLM_DIST_IDENT", str(spec["port"]))
         init_worker_distributed_environment(
             config, rank, f"tcp://127.0.0.1:{spec['port']}", local_rank=rank, backend="gloo"
         )
