@@ -25,7 +25,6 @@ if TYPE_CHECKING:
         wait_hf_cache,
     )
     from .cache import CachedModel, ModelCache
-    from .config import HttpOptions, Limits, S3Options
     from .errors import (
         AccessDeniedError,
         CacheError,
@@ -46,10 +45,11 @@ if TYPE_CHECKING:
         SourceError,
         UnsupportedFormatError,
     )
-    from .options import LoadOptions
-    from .report import LoadReport
-    from .rows import split_rows
-    from .safetensors import FileHeader, TensorInfo
+    from .format.safetensors import FileHeader, TensorInfo
+    from .load.report import LoadReport
+    from .reads.rows import split_rows
+    from .settings.options import LoadOptions
+    from .settings.values import HttpOptions, Limits, S3Options
 
 __version__ = "0.1.0"
 
@@ -63,13 +63,13 @@ _HOMES: dict[str, str] = {
     "DigestMismatchError": "errors",
     "DistributedError": "errors",
     "EventLoopError": "errors",
-    "FileHeader": "safetensors",
+    "FileHeader": "format.safetensors",
     "FormatError": "errors",
     "HeaderError": "errors",
-    "HttpOptions": "config",
-    "Limits": "config",
-    "LoadOptions": "options",
-    "LoadReport": "report",
+    "HttpOptions": "settings.values",
+    "Limits": "settings.values",
+    "LoadOptions": "settings.options",
+    "LoadReport": "load.report",
     "Loader": "api",
     "LoaderError": "errors",
     "LoaderStatistics": "api",
@@ -80,17 +80,17 @@ _HOMES: dict[str, str] = {
     "OutOfMemoryError": "errors",
     "ReadError": "errors",
     "ReadTimeoutError": "errors",
-    "S3Options": "config",
+    "S3Options": "settings.values",
     "SelectionError": "errors",
     "SourceError": "errors",
     "StreamStatistics": "api",
-    "TensorInfo": "safetensors",
+    "TensorInfo": "format.safetensors",
     "TensorStream": "api",
     "UnsupportedFormatError": "errors",
     "inspect_model": "api",
     "load_model": "api",
     "load_model_sync": "api",
-    "split_rows": "rows",
+    "split_rows": "reads.rows",
     "wait_hf_cache": "api",
 }
 

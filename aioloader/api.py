@@ -7,22 +7,22 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
-from .config import Limits
 from .devices.auto import device_for
 from .devices.base import Device
 from .errors import ClosedError
-from .layout import ModelLayout
-from .options import LoadKeywords, LoadOptions
-from .pipeline import Load, Progress, Selection, open_model
+from .format.safetensors import FileHeader
+from .load.pipeline import Load, Progress, Selection, open_model
+from .load.report import LoadReport
+from .load.stack import URL, Location, SourceStack, locate
+from .load.stream import StreamStatistics, TensorStream
+from .reads.rows import Rows
+from .reads.staging import BudgetStatistics, ByteBudget
 from .redact import redact
-from .report import LoadReport
-from .resource import AsyncResource
-from .rows import Rows
-from .safetensors import FileHeader
-from .stack import URL, Location, SourceStack, locate
-from .staging import BudgetStatistics, ByteBudget
-from .stream import StreamStatistics, TensorStream
-from .threads import Lanes
+from .runtime.resource import AsyncResource
+from .runtime.threads import Lanes
+from .settings.options import LoadKeywords, LoadOptions
+from .settings.values import Limits
+from .sources.layout import ModelLayout
 
 __all__ = [
     "Loader",
@@ -39,7 +39,7 @@ __all__ = [
 
 def _ranks_for(group: Any, device: Device) -> Any:
     """Solo, or Group with ``group=`` (ranks.py, imported when a Loader is made)."""
-    from .ranks import ranks_for
+    from .ranks.strategy import ranks_for
 
     return ranks_for(group, device)
 
@@ -96,7 +96,7 @@ class Loader(AsyncResource):
     """A long-lived loader: keeps thread pools and budgets between loads.
 
     Takes a ``LoadOptions``, or its keywords one by one (all listed, with the
-    environment variables that set them, in aioloader/options.py):
+    environment variables that set them, in aioloader/settings/options.py):
 
     - ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``;
       ``framework``: ``"torch"`` tensors, ``"numpy"`` host arrays or ``"cupy"`` GPU arrays.
@@ -109,7 +109,7 @@ class Loader(AsyncResource):
       ``False`` for none.
     - ``group``: a ``torch.distributed`` process group (gloo) whose ranks all load the
       same model: each reads about 1/N of the bytes and the ranks exchange the rest, so
-      every rank ends with every tensor (see aioloader/ranks.py). Every rank must make
+      every rank ends with every tensor (see aioloader/ranks/strategy.py). Every rank must make
       the same calls, in the same order.
 
     Use as ``async with Loader() as loader:``; ``aclose()`` is idempotent and a
@@ -180,7 +180,7 @@ class Loader(AsyncResource):
                 tensors, reading only those bytes: ``{name: (start, stop)}``, or a
                 function ``(name, shape) -> (start, stop) | None`` such as
                 ``split_rows(rank, world_size)``. With ``group=``, each rank reads its
-                own rows and they are not exchanged (see aioloader/rows.py).
+                own rows and they are not exchanged (see aioloader/reads/rows.py).
 
         Returns:
             A TensorStream; use it with ``async with``.
@@ -297,7 +297,7 @@ async def load_model(
         tensors: names to load, or a predicate on names; ``None`` loads all.
         rows: only these rows of the first dimension of some tensors (see ``Loader.stream``).
         options, keywords: what ``Loader`` takes (device, concurrency, headers, cache_dir,
-            group ...: see aioloader/options.py).
+            group ...: see aioloader/settings/options.py).
 
     Returns:
         ``{name: torch.Tensor}``, bit-identical to ``safetensors.torch.load_file``.
@@ -328,7 +328,7 @@ def load_model_sync(
             block; ``await load_model(...)`` there, or call this from another thread.
         LoaderError: as ``load_model``.
     """
-    from .sync import run
+    from .runtime.sync import run
 
     # Made before the loop starts (sync.py): bad options fail without one.
     return run(
@@ -354,6 +354,6 @@ async def wait_hf_cache(root: str | os.PathLike[str] | None = None) -> None:
     A process that exits normally waits for them itself; call this to know the cache is
     complete, e.g. before starting another tool on it offline.
     """
-    from .sources.hf.cache_writes import wait_hf_cache as wait
+    from .sinks.hf.cache_writes import wait_hf_cache as wait
 
     await wait(None if root is None else os.fspath(root))

@@ -14,13 +14,13 @@ from typing import Any, TextIO
 
 from . import __version__
 from .api import Loader, ModelInfo
-from .config import MiB, format_size
-from .dtypes import import_torch
-from .environment import resolve
 from .errors import LoaderError
-from .options import KEYWORDS
+from .format.dtypes import import_torch
 from .redact import redact
-from .sync import run
+from .runtime.sync import run
+from .settings.options import KEYWORDS
+from .settings.resolver import resolve
+from .settings.values import MiB, format_size
 
 __all__ = ["main"]
 
@@ -207,9 +207,9 @@ async def _inspect(args: argparse.Namespace) -> int:
 
 
 async def _fetch(args: argparse.Namespace) -> int:
-    from .daemon_client import printer
-    from .daemon_flags import from_args
-    from .folder_copy import copy_folder
+    from .fetch.copy import copy_folder
+    from .fetch.daemon_client import printer
+    from .fetch.daemon_flags import from_args
 
     through = from_args(args)
     if through:
@@ -296,7 +296,7 @@ def _parser() -> argparse.ArgumentParser:
         "dest", help="the local folder (made if missing); fetch removes only what it wrote there"
     )
     _add_load_options(fetch)
-    from .daemon_flags import add_arguments as add_daemon_arguments
+    from .fetch.daemon_flags import add_arguments as add_daemon_arguments
 
     add_daemon_arguments(fetch)
 

@@ -37,9 +37,9 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .config import MAX_SECONDS, check_number
 from .errors import ConfigError
-from .options import LoadOptions
+from .settings.options import LoadOptions
+from .settings.values import MAX_SECONDS, check_number
 
 __all__ = ["NodePreload", "load_shared", "preload", "release_shared"]
 
@@ -149,7 +149,7 @@ def preload(
             failed (its actor is killed).
         options: how each node reads, as ``ModelCache.fetch`` takes them
             (``concurrency``, ``chunk_size``, ``headers``, retries, ``s3_*``: see
-            aioloader/options.py); checked here, before any actor starts.
+            aioloader/settings/options.py); checked here, before any actor starts.
 
     Returns:
         One NodePreload per node, in the order of ``nodes`` (or Ray's); a node that

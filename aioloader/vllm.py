@@ -54,9 +54,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
-from .options import KEYWORDS, LoadOptions
 from .redact import redacting_logger
-from .sync import LoopThread, run_beside
+from .runtime.sync import LoopThread, run_beside
+from .settings.options import KEYWORDS, LoadOptions
 
 __all__ = [
     "KEYS",

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from aioloader.threads import PER_PROCESS, lane_of
+from aioloader.runtime.threads import PER_PROCESS, lane_of
 
 
 def _lane_threads() -> list[str]:

@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def daemon_flag(name: str) -> bool:
     """Whether ``aioloader serve`` has the setting ``name`` (a row of settings.DAEMON)."""
-    from aioloader.settings import DAEMON
+    from aioloader.settings.table import DAEMON
 
     return any(row.name == name for row in DAEMON)
 

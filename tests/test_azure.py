@@ -151,10 +151,10 @@ async def test_an_account_key_from_the_environment(
 def test_urls_of_an_account_name_the_account_endpoint_and_sas(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from aioloader.runtime.threads import Lanes
     from aioloader.sources.auto import source_for
     from aioloader.sources.azure.source import AzureSource
     from aioloader.sources.azure.url import Location, is_azure_url
-    from aioloader.threads import Lanes
 
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
     monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_NAME", raising=False)

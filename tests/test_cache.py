@@ -24,7 +24,7 @@ from aioloader import (
     load_model,
 )
 from aioloader.cache.entry import key_of
-from aioloader.ranges import RangeSet, split
+from aioloader.reads.ranges import RangeSet, split
 from aioloader.sources.http.rules import PROBE_SIZE
 
 from .helpers import assert_matches_files, assert_same, random_tensors, write_file, write_sharded

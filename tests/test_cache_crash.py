@@ -21,7 +21,7 @@ import pytest
 from safetensors.torch import load_file
 
 from aioloader import ModelCache, load_model
-from aioloader.ranges import RangeSet
+from aioloader.reads.ranges import RangeSet
 from aioloader.sources.http.rules import PROBE_SIZE
 
 from .helpers import assert_matches_files, assert_same, write_file
@@ -32,7 +32,7 @@ _DIE_WRITING_META = """
 import asyncio, resource, signal, sys, threading
 from pathlib import Path
 from aioloader import ModelCache, load_model
-from aioloader.ranges import RangeSet
+from aioloader.reads.ranges import RangeSet
 from aioloader.sinks import commits
 from aioloader.devices.staged import HostCopyEngine
 

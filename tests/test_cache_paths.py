@@ -10,7 +10,7 @@ import pytest
 from aioloader import CacheError, ModelCache, load_model
 from aioloader.cache.entry import key_of
 from aioloader.cache.links import ModelLinks
-from aioloader.layout import ModelLayout
+from aioloader.sources.layout import ModelLayout
 
 from .helpers import assert_matches_files, random_tensors, write_file
 from .servers import FaultyHttpServer

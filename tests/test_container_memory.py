@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from aioloader import ConfigError, Limits
-from aioloader.config import parse_size, staging_budget
-from aioloader.container_memory import MemoryLimit, detect_memory_limit
+from aioloader.runtime.container_memory import MemoryLimit, detect_memory_limit
+from aioloader.settings.values import parse_size, staging_budget
 
 GiB = 1 << 30
 

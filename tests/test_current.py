@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from aioloader.options import LoadOptions
+from aioloader.settings.options import LoadOptions
 from aioloader.sources.base import Current
 from aioloader.sources.stores import Stores, locate
 

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from aioloader.daemon_client import check_daemon_url
-from aioloader.settings import ROWS
+from aioloader.fetch.daemon_client import check_daemon_url
+from aioloader.settings.table import ROWS
 from aioloader.sources.schemes import SCHEMES, remote_names
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"

@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from aioloader import DigestMismatchError, Loader, load_model, wait_hf_cache
-from aioloader.config import S3Options
 from aioloader.devices.staged import HostCopyEngine
-from aioloader.folder_copy import PARTIAL_PREFIX
+from aioloader.fetch.copy import PARTIAL_PREFIX
+from aioloader.settings.values import S3Options
 from aioloader.sources import verifying
 from aioloader.sources.digests import hub_digest, s3_digest
 from aioloader.sources.http.rules import PROBE_SIZE

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-from aioloader.distributed import split_by_bytes
-from aioloader.plan import Read, Span
+from aioloader.ranks.exchange import split_by_bytes
+from aioloader.reads.plan import Read, Span
 
 from .helpers import write_sharded
 from .servers import FaultyHttpServer, MotoS3Server

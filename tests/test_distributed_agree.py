@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aioloader.agreement import FileIdentity, Status, compare, describe_tables
+from aioloader.ranks.agreement import FileIdentity, Status, compare, describe_tables
 
 from .helpers import write_sharded
 from .servers import FaultyHttpServer

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from aioloader import ConfigError, HttpOptions, Limits
-from aioloader.config import parse_size
 from aioloader.daemon.config import add_arguments, config_from_args
-from aioloader.options import KEYWORDS, LoadOptions
+from aioloader.settings.options import KEYWORDS, LoadOptions
+from aioloader.settings.values import parse_size
 
 from .helpers import random_tensors, write_file
 
@@ -31,13 +31,13 @@ def _daemon(**environ: str) -> object:
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "aioloader.environment"]
+    return [r.getMessage() for r in caplog.records if r.name == "aioloader.settings.resolver"]
 
 
 def test_a_misspelt_variable_is_named_once_with_the_nearest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="aioloader.environment")
+    caplog.set_level(logging.WARNING, logger="aioloader.settings.resolver")
     environ = {"AIOLOADER_CONCURENCY": "3", "AIOLOADER_STAL_TIMEOUT": "secret-looking"}
     built = LoadOptions.build(environ=environ)
     assert built.limits is not None and built.limits.concurrency == 16  # the default
@@ -53,7 +53,7 @@ def test_a_misspelt_variable_is_named_once_with_the_nearest(
 def test_the_daemons_variables_are_known_and_its_typos_named(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="aioloader.environment")
+    caplog.set_level(logging.WARNING, logger="aioloader.settings.resolver")
     good = {
         "AIOLOADER_MODELS": "s3://b/m/", "AIOLOADER_ALLOW_PREFIXES": "s3://b/",
         "AIOLOADER_MAX_DOWNLOADS": "1", "AIOLOADER_GRACE_PERIOD": "5",
@@ -71,8 +71,8 @@ def test_the_daemons_variables_are_known_and_its_typos_named(
 def test_every_variable_the_package_names_is_a_row() -> None:
     """The known names are the rows of settings.py: a variable the package names (in a
     message, a docstring) and no row reads would be warned of as unknown."""
-    from aioloader.environment import known_variables
-    from aioloader.settings import ROWS
+    from aioloader.settings.resolver import known_variables
+    from aioloader.settings.table import ROWS
 
     named = set()
     for path in PACKAGE.rglob("*.py"):

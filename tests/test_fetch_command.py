@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from aioloader import ConfigError, ObjectChangedError, ReadError, SourceError
-from aioloader.folder_copy import PARTIAL_PREFIX, RECORD, copy_folder
+from aioloader.fetch.copy import PARTIAL_PREFIX, RECORD, copy_folder
 
 from .helpers import random_tensors, some_big, write_sharded
 from .http_server import FaultyHttpServer
@@ -434,7 +434,7 @@ def test_a_failed_presigned_fetch_prints_no_signature(
     ],
 )
 def test_hostile_presigned_urls_name_their_file_safely(tail: str, name: str) -> None:
-    from aioloader.folder_files import _last_segment
+    from aioloader.fetch.files import _last_segment
 
     assert _last_segment("https://h.example/b/" + tail) == name
 

@@ -22,7 +22,7 @@ from aiohttp import web
 from safetensors.torch import load_file
 
 from aioloader.cache.entry import key_of
-from aioloader.folder_copy import PARTIAL_PREFIX, RECORD
+from aioloader.fetch.copy import PARTIAL_PREFIX, RECORD
 from aioloader.sources.http.rules import PROBE_SIZE
 
 from .daemon_helpers import TOKEN, free_port, running, write_model

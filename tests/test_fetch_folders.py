@@ -19,7 +19,7 @@ import pytest
 from safetensors.torch import save
 
 from aioloader import CacheError, SourceError, load_model
-from aioloader.folder_copy import PARTIAL_PREFIX, RECORD, copy_folder
+from aioloader.fetch.copy import PARTIAL_PREFIX, RECORD, copy_folder
 
 from .helpers import random_tensors, write_sharded
 from .http_server import FaultyHttpServer
@@ -124,8 +124,8 @@ def _azure_at(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
 
 
 async def test_azure_listing_names_sub_folders(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aioloader.runtime.threads import Lanes
     from aioloader.sources.azure.source import AzureSource
-    from aioloader.threads import Lanes
 
     from .test_listings import DocServer
 

@@ -222,8 +222,8 @@ def test_listed_peers_that_fetch_nothing_leave_the_split_in_one_try(
 def _kill_the_leader_halfway(fleet: Fleet, origin: Origin, model: Model) -> list[int]:
     """Every node of ``fleet`` (started) asks for the model; once the origin has sent
     half of it, the node pulling a file not offered yet is killed; the survivors."""
+    from aioloader.swarm.deal import Plan
     from aioloader.swarm.manifest import model_key
-    from aioloader.swarm.plan import Plan
 
     url = _url(origin, model)
     origin.hold_after(model.size // 2)

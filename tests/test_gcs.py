@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from aioloader import ConfigError, ModelCache, NotFoundError, load_model
+from aioloader.runtime.threads import Lane
 from aioloader.sources.gcs.signer import GcsSigner, _find
-from aioloader.threads import Lane
 
 from .helpers import assert_matches_files, random_tensors, some_big, write_file, write_sharded
 from .servers import GcsEmulator

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 
 from aioloader import DigestMismatchError, Loader, NotFoundError, load_model
 from aioloader.sinks import commits
-from aioloader.sources.hf.cache_writes import wait_hf_cache
+from aioloader.sinks.hf.cache_writes import wait_hf_cache
 
 from . import test_hf
 from .helpers import assert_matches_files, some_big, write_file, write_sharded
@@ -264,7 +264,7 @@ async def test_the_loop_is_not_blocked_while_the_cache_is_written(
 _CHILD = """
 import asyncio, sys
 from aioloader import load_model
-from aioloader.sources.hf.cache_writes import wait_hf_cache
+from aioloader.sinks.hf.cache_writes import wait_hf_cache
 
 async def main():
     await load_model(sys.argv[1])

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from aioloader import Loader
-from aioloader.sources.hf.cache_writes import wait_hf_cache
+from aioloader.sinks.hf.cache_writes import wait_hf_cache
 
 from . import test_hf
 from .helpers import assert_matches_files, write_file

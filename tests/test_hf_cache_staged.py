@@ -22,13 +22,13 @@ import torch
 
 from aioloader import DigestMismatchError, Loader, ReadError, wait_hf_cache
 from aioloader.devices.staged import HostCopyEngine, StagedDevice
+from aioloader.runtime.threads import Lanes
 from aioloader.sinks import commits
+from aioloader.sinks.hf.blob_writer import WeightFile
+from aioloader.sinks.hf.sink import filling
 from aioloader.sources.file import FileSource
-from aioloader.sources.hf.blob_writer import WeightFile
 from aioloader.sources.hf.hf_cache import HfCache
-from aioloader.sources.hf.sink import filling
 from aioloader.sources.hf.snapshot import Snapshot
-from aioloader.threads import Lanes
 
 from . import test_hf
 from .helpers import assert_matches_files, random_tensors, write_file

@@ -28,7 +28,7 @@ from aioloader import (
     SourceError,
     load_model,
 )
-from aioloader.options import LoadOptions
+from aioloader.settings.options import LoadOptions
 
 from . import test_hf
 from .helpers import assert_matches_files, some_big, write_sharded

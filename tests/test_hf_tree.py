@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from aioloader import AccessDeniedError, Loader, SourceError, load_model
-from aioloader.sources.hf.cache_writes import wait_hf_cache
+from aioloader.sinks.hf.cache_writes import wait_hf_cache
 from aioloader.sources.hf.snapshot import Snapshot
 from aioloader.sources.hf.tree import TreeEntry, bad_path, dump_tree, parse_tree
 

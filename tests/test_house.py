@@ -1,5 +1,6 @@
-"""The shape of the package, checked: no import circles, nothing in ``sources/`` that
-reaches up into ``cache/``, no module over 400 lines, ``AIOLOADER_*`` read in one place.
+"""The shape of the package, checked: no import circles between modules or between rooms,
+no arrow from a lower room up to a higher one, at most 15 modules at the root, a docstring
+for every room, no module over 400 lines, ``AIOLOADER_*`` read in one place.
 
 These read the source as text (the static import graph: an import inside a function
 counts), so a lazy import cannot hide a circle.
@@ -143,3 +144,76 @@ def test_aioloader_variables_are_read_in_one_place() -> None:
         and not line.lstrip().startswith(("#", '"', "'"))
     )
     assert readers == []
+
+
+MAX_ROOT_MODULES = 15
+
+#: The rooms, lowest first: a room imports only rooms before it (a module at the root is a
+#: room of its own). Each package's docstring says what lives there.
+ROOMS = [
+    "message_filter",
+    "redact",
+    "errors",
+    "format",  # the file format, pure
+    "runtime",  # lanes, tasks, turns, pacing: how the rest runs
+    "settings",  # the table, the resolver, the values, a load's options
+    "reads",  # read planning and staging, pure
+    "sources",  # the storage backends
+    "sinks",  # what both caches share, and the Hugging Face cache's writer
+    "cache",  # the node cache
+    "devices",  # the destinations
+    "ranks",  # who reads what
+    "load",  # the load itself
+    "swarm",  # the daemons' sharing, on top of the node cache
+    "daemon",
+    "fetch",  # aioloader fetch SRC DEST
+    "api",
+    "__init__",
+    "cli",
+    "__main__",
+    "vllm_patches",
+    "vllm",
+    "ray",
+]
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+ROOM_GRAPH: dict[str, set[str]] = {}
+for _name, _targets in GRAPH.items():
+    ROOM_GRAPH.setdefault(_room(_name), set()).update(
+        _room(t) for t in _targets if _room(t) != _room(_name)
+    )
+
+
+def test_every_room_has_its_place() -> None:
+    assert sorted(ROOM_GRAPH) == sorted(ROOMS)
+
+
+def test_no_circles_between_rooms() -> None:
+    assert _circles(ROOM_GRAPH) == []
+
+
+def test_no_arrow_runs_back_up() -> None:
+    place = {room: i for i, room in enumerate(ROOMS)}
+    upward = sorted(
+        f"{name} -> {target}"
+        for name, targets in GRAPH.items()
+        for target in targets
+        if place[_room(target)] > place[_room(name)]
+    )
+    assert upward == []
+
+
+def test_the_root_is_not_a_hallway() -> None:
+    root = [path.name for path in PACKAGE.glob("*.py")]
+    assert len(root) <= MAX_ROOT_MODULES, sorted(root)
+
+
+@pytest.mark.parametrize("room", sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")))
+def test_every_room_says_what_lives_there(room: str) -> None:
+    tree = ast.parse((PACKAGE / room / "__init__.py").read_text())
+    assert ast.get_docstring(tree), f"aioloader/{room}/__init__.py has no docstring"

@@ -6,7 +6,6 @@ import email.utils
 
 import pytest
 
-from aioloader.config import HttpOptions
 from aioloader.errors import (
     AccessDeniedError,
     ConfigError,
@@ -16,6 +15,7 @@ from aioloader.errors import (
     ReadTimeoutError,
     SourceError,
 )
+from aioloader.settings.values import HttpOptions
 from aioloader.sources.base import clip
 from aioloader.sources.http.filler import Filler
 from aioloader.sources.http.retry import Retrier, RetryableError, backoff_delay

@@ -14,9 +14,9 @@ import aioloader
 _LATER = (
     "aioloader.cache",
     "aioloader.sources.hf",
-    "aioloader.ranks",
-    "aioloader.distributed",
-    "aioloader.agreement",
+    "aioloader.ranks.strategy",
+    "aioloader.ranks.exchange",
+    "aioloader.ranks.agreement",
 )
 # Heavy third-party packages, imported where they are called.
 _HEAVY = ("torch", "aiohttp", "botocore", "multidict", "yarl", "google.auth", "azure")
@@ -93,5 +93,5 @@ def test_a_local_load_without_group_imports_no_cache_hub_or_exchange(tmp_path) -
         "import asyncio, aioloader\n"
         f"asyncio.run(aioloader.load_model({str(path)!r}, framework='numpy', cache_dir=False))"
     )
-    later = (*_LATER, "aioloader.ranks_group")
-    assert [m for m in _within(loaded, later) if m != "aioloader.ranks"] == []
+    later = (*_LATER, "aioloader.ranks.group")
+    assert [m for m in _within(loaded, later) if m != "aioloader.ranks.strategy"] == []

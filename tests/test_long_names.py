@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from aioloader import FormatError, SourceError, load_model
-from aioloader.folder_copy import copy_folder
-from aioloader.folder_dest import name_problem
-from aioloader.layout import parse_index
-from aioloader.names import MAX_PATH, MAX_SEGMENT, length_problem, shown
-from aioloader.sources.hf.cache_writes import wait_hf_cache
+from aioloader.fetch.copy import copy_folder
+from aioloader.fetch.dest import name_problem
+from aioloader.format.names import MAX_PATH, MAX_SEGMENT, length_problem, shown
+from aioloader.sinks.hf.cache_writes import wait_hf_cache
 from aioloader.sources.hf.tree import bad_path
+from aioloader.sources.layout import parse_index
 
 from . import test_hf
 from .helpers import assert_matches_files, some_big, write_sharded

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from aioloader import ConfigError, HttpOptions, Limits
-from aioloader.config import parse_size
+from aioloader.settings.values import parse_size
 from aioloader.vllm import VllmOptions
 
 NAN, INF = float("nan"), float("inf")

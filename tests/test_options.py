@@ -12,7 +12,7 @@ from typing import get_type_hints
 import pytest
 
 from aioloader import ConfigError, HttpOptions, Limits, Loader, ModelCache, load_model
-from aioloader.options import KEYWORDS, LoadKeywords, LoadOptions
+from aioloader.settings.options import KEYWORDS, LoadKeywords, LoadOptions
 
 from .helpers import assert_matches_files, random_tensors, write_file
 

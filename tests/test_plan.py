@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from aioloader.plan import ALIGNMENT, SPAN_TENSORS, plan_reads
-from aioloader.safetensors import FileHeader, TensorInfo
+from aioloader.format.safetensors import FileHeader, TensorInfo
+from aioloader.reads.plan import ALIGNMENT, SPAN_TENSORS, plan_reads
 
 
 def _header(sizes: list[int], url: str = "f", data_start: int = 100) -> FileHeader:

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from aioloader.prefault import populate
+from aioloader.runtime.prefault import populate
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="madvise and mincore: Linux")
 

@@ -245,7 +245,7 @@ async def test_a_folder_copy_with_an_empty_object_uploaded_in_one_empty_part(
     """``aioloader fetch``'s folder copy: the model (composite, in parts) is checked, and an
     empty object uploaded as one empty part (no part size to check against) is copied
     as it is."""
-    from aioloader.folder_copy import copy_folder
+    from aioloader.fetch.copy import copy_folder
 
     path = _model(tmp_path, seed=12)
     url = _upload_file(s3_env, path, "SHA1")

@@ -16,11 +16,18 @@ from typing import Any
 import pytest
 
 from aioloader import HttpOptions, Limits, Loader, ModelCache, S3Options
-from aioloader.config import staging_budget
-from aioloader.container_memory import detect_memory_limit
 from aioloader.daemon.config import DaemonConfig, add_arguments, config_from_args
-from aioloader.options import LoadOptions
-from aioloader.settings import AZURE_IDENTITY, CHECK_ETAG, DAEMON, KEYWORDS, ROWS, Setting
+from aioloader.runtime.container_memory import detect_memory_limit
+from aioloader.settings.options import LoadOptions
+from aioloader.settings.table import (
+    AZURE_IDENTITY,
+    CHECK_ETAG,
+    DAEMON,
+    KEYWORDS,
+    ROWS,
+    Setting,
+)
+from aioloader.settings.values import staging_budget
 from aioloader.sources.azure.signer import _identity_wanted
 
 from .helpers import assert_matches_files, random_tensors, write_file

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from aioloader.runtime.threads import Lanes
 from aioloader.sinks import commits
 from aioloader.sinks.filling_blob import FillingBlob
+from aioloader.sinks.hf.blob_writer import WeightFile
+from aioloader.sinks.hf.sink import filling
 from aioloader.sources.file import FileSource
-from aioloader.sources.hf.blob_writer import WeightFile
 from aioloader.sources.hf.hf_cache import HfCache
-from aioloader.sources.hf.sink import filling
 from aioloader.sources.hf.snapshot import Snapshot
-from aioloader.threads import Lanes
 
 from .helpers import random_tensors, write_file
 

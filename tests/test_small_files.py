@@ -1,4 +1,4 @@
-"""Small whole files through aiofiles in a named lane (aioloader/small_files.py)."""
+"""Small whole files through aiofiles in a named lane (aioloader/runtime/small_files.py)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from aioloader.errors import (
     NotFoundError,
     SourceError,
 )
-from aioloader.small_files import (
+from aioloader.runtime.small_files import (
     read_bytes,
     read_json,
     read_text,
     write_bytes_atomic,
     write_json_atomic,
 )
-from aioloader.threads import Lane, lane_of
+from aioloader.runtime.threads import Lane, lane_of
 
 
 async def test_json_round_trip(tmp_path: Path) -> None:
@@ -99,8 +99,8 @@ def die(*args, **kwargs):
     os._exit(9)
 
 os.replace = die  # before aiofiles wraps it
-from aioloader.small_files import write_json_atomic
-from aioloader.threads import Lane
+from aioloader.runtime.small_files import write_json_atomic
+from aioloader.runtime.threads import Lane
 
 async def main():
     with Lane("small", 1) as lane:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aioloader.staging import ByteBudget
+from aioloader.reads.staging import ByteBudget
 
 
 async def test_waits_until_released() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from aioloader.errors import ConfigError
+from aioloader.runtime.threads import Lane
 from aioloader.swarm.manifest import (
     MAX_FILE_SIZE,
     FileOffer,
@@ -24,7 +25,6 @@ from aioloader.swarm.manifest import (
 )
 from aioloader.swarm.peers import MAX_PEERS, PeerAddress, parse_peers, resolve
 from aioloader.swarm.rendezvous import ranked, weight
-from aioloader.threads import Lane
 
 # -- rendezvous ----------------------------------------------------------------------
 
@@ -53,7 +53,7 @@ def test_the_files_of_a_cold_split_are_dealt_out_evenly_and_alike() -> None:
     set the cluster's pace); the deal gives each node one, every node computes the same
     deal whatever order it names the files in, and a file routed before the deal (the
     index, read to find the shards) keeps its node."""
-    from aioloader.swarm.plan import Plan
+    from aioloader.swarm.deal import Plan
 
     key = model_key("s3://bucket/llm/model.safetensors.index.json")
     nodes = [f"node{i}" for i in range(8)]

@@ -1,4 +1,4 @@
-"""The one sync bridge (aioloader/sync.py) and vLLM's calls through it, from a thread
+"""The one sync bridge (aioloader/runtime/sync.py) and vLLM's calls through it, from a thread
 whose event loop is running: vLLM's worker is synchronous and may own one."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from aioloader import EventLoopError, ModelCache
-from aioloader.sync import run, run_beside
+from aioloader.runtime.sync import run, run_beside
 from aioloader.vllm import VllmOptions, fill_cache, stream_weights
 
 from .helpers import assert_same, random_tensors, write_file

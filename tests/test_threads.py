@@ -1,4 +1,4 @@
-"""The thread policy (aioloader/threads.py): every thread is a lane's, none the default
+"""The thread policy (aioloader/runtime/threads.py): every thread is a lane's, none the default
 executor's, and an owner's lanes are gone once it is closed."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from aioloader import Loader, ModelCache
 from aioloader.devices.staged import HostCopyEngine
-from aioloader.threads import PER_PROCESS, Lane, Lanes, lane_of, run_blocking
+from aioloader.runtime.threads import PER_PROCESS, Lane, Lanes, lane_of, run_blocking
 
 from .helpers import assert_matches_files, write_file, write_sharded
 from .servers import FaultyHttpServer

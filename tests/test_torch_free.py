@@ -92,7 +92,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_torch_missing_says_which_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from aioloader.dtypes import import_torch
+    from aioloader.format.dtypes import import_torch
 
     path = tmp_path / "m.safetensors"
     save_file({"a": np.ones(3, dtype=np.float32)}, str(path))

@@ -1,4 +1,4 @@
-"""``Turns`` (aioloader/turns.py): a semaphore whose waiters go by key."""
+"""``Turns`` (aioloader/runtime/turns.py): a semaphore whose waiters go by key."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aioloader.turns import Turns
+from aioloader.runtime.turns import Turns
 
 
 async def _hold(turns: Turns, key: object, log: list[object], go: asyncio.Event) -> None:

@@ -54,7 +54,7 @@ def test_no_keys_means_no_cache_unless_asked(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_the_keys_are_the_load_options() -> None:
     """One list of options: vLLM's keys are the load's keywords, less where tensors go."""
-    from aioloader.options import KEYWORDS
+    from aioloader.settings.options import KEYWORDS
 
     assert set(KEYS) == {k.name for k in KEYWORDS} - {"device", "framework"} | {
         "url",

@@ -27,10 +27,10 @@ from typing import TypeVar
 
 from ..errors import CacheError, ClosedError
 from ..redact import redacting_logger
+from ..runtime.threads import Lane, Lanes, run_blocking
 from ..sinks.filling_blob import FillingBlob
 from ..sources.base import Blob, CacheOutcome, ForwardingBlob, Source, aclose_all
 from ..sources.file import FileSource
-from ..threads import Lane, Lanes, run_blocking
 from .claim import BUSY, Claim, claim
 from .entry import EntryFiles, Version, cache_error, discard_quietly, no_room, version_of
 from .locks import FileLock, acquire

@@ -32,7 +32,7 @@ import time
 from concurrent.futures import Executor
 
 from ..redact import redacting_logger
-from ..threads import run_blocking
+from ..runtime.threads import run_blocking
 from .entry import EntryFiles, Version
 from .locks import (
     STALL_SECONDS,

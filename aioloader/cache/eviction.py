@@ -18,7 +18,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from ..redact import redact, redacting_logger
-from ..threads import run_blocking
+from ..runtime.threads import run_blocking
 from .entry import EntryFiles, cache_error, key_of, read_meta, replace_file
 from .links import prune_models
 from .locks import try_acquire

@@ -20,20 +20,20 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from ..config import Limits
 from ..errors import CacheError, ConfigError, DetourError, DigestMismatchError
-from ..layout import resolve_layout
-from ..options import LoadOptions
-from ..pace import PACE, Pace
-from ..ranges import split
+from ..reads.ranges import split
 from ..redact import redacting_logger
+from ..runtime.pace import PACE, Pace
+from ..runtime.tasks import gather
+from ..runtime.threads import run_blocking
+from ..runtime.turns import Turns
+from ..settings.options import LoadOptions
+from ..settings.values import Limits
 from ..sources.auto import scheme_of
 from ..sources.base import Blob, Landing, Source, aclose_all
+from ..sources.layout import resolve_layout
 from ..sources.schemes import listed, remote_names
 from ..sources.stores import Stores, locate
-from ..tasks import gather
-from ..threads import run_blocking
-from ..turns import Turns
 from .checksum import DigestMismatch, Published, md5_of_etag
 from .claim import Claim, claim
 from .entry import EntryFiles, Version, cache_error, key_of, version_of

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import xxhash
 
-from ..ranges import RangeSet
+from ..reads.ranges import RangeSet
 from ..redact import redacting_logger
 from .entry import (
     BOOT_ID,

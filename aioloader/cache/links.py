@@ -18,7 +18,7 @@ from typing import Literal
 from urllib.parse import unquote, urlparse
 
 from ..errors import CacheError
-from ..layout import ModelLayout
+from ..sources.layout import ModelLayout
 from .entry import EntryFiles, key_of
 from .paths import check_dirs, check_inside, checked_name, make_dirs
 

@@ -35,7 +35,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from ..errors import CacheError
-from ..threads import run_blocking
+from ..runtime.threads import run_blocking
 from .paths import open_file
 
 __all__ = [

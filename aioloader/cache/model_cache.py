@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Unpack
 
-from ..environment import resolve
 from ..errors import ConfigError
-from ..options import LoadKeywords, LoadOptions
 from ..redact import redact, redacting_logger
-from ..settings import CHECK_ETAG
+from ..runtime.threads import Lane, run_blocking
+from ..settings.options import LoadKeywords, LoadOptions
+from ..settings.resolver import resolve
+from ..settings.table import CHECK_ETAG
 from ..sinks import commits
-from ..threads import Lane, run_blocking
 from .entry import EntryFiles, Meta, cache_error, read_meta
 from .eviction import Eviction, list_entries
 from .fetch import OnFile, Progress, SourceHook, fetch_model

@@ -38,9 +38,9 @@ from typing import Any
 
 import xxhash
 
-from ..direct_io import DIRECT_IO, fill, write_direct
-from ..ranges import RangeSet
+from ..reads.ranges import RangeSet
 from ..redact import redacting_logger
+from ..runtime.direct_io import DIRECT_IO, fill, write_direct
 from ..sources.base import clip
 from ..sources.digests import Digest
 from .checksum import DigestMismatch, PrefixHash, Published

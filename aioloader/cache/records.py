@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import CacheError, LoaderError
-from ..small_files import read_json
-from ..threads import Lane, run_blocking
+from ..runtime.small_files import read_json
+from ..runtime.threads import Lane, run_blocking
 from .entry import EntryFiles, Meta
 from .locks import FileLock, acquire
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from concurrent.futures import Executor
 
 from ..errors import CacheError
-from ..threads import run_blocking
+from ..runtime.threads import run_blocking
 from .entry import EntryFiles, cache_error, read_meta
 from .links import prune_models
 from .locks import acquire, try_acquire_async

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from ..redact import redacting_logger
-from ..threads import finish_before_cancel, run_blocking
+from ..runtime.threads import finish_before_cancel, run_blocking
 from .checksum import hash_file
 from .entry import EntryFiles, cache_error, read_meta, regular_size
 from .locks import acquire

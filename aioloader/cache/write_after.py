@@ -12,8 +12,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_all
 
-from ..ranges import RangeSet
-from ..threads import CACHE_WRITES
+from ..reads.ranges import RangeSet
+from ..runtime.threads import CACHE_WRITES
 from .partial import PartialFile
 
 __all__ = ["LaterWrites"]

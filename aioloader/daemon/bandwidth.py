@@ -5,7 +5,7 @@ card, so every download of one daemon draws from one bucket that refills at the
 cap and holds a quarter of a second of it. A download takes its bytes from the
 bucket *before* each request that brings bytes over the network is sent, the probe
 that opens a file (its first 256 KiB), listings, metadata and the bytes a retry
-reads again included (see ``aioloader/pace.py``), and
+reads again included (see ``aioloader/runtime/pace.py``), and
 range reads are cut to at most that quarter second (``quantum``), so nothing goes
 out beyond the bucket's quarter second at the start. Taking before the read, rather
 than as bytes arrive, is what keeps the cap on the wire: a reader that slows
@@ -29,8 +29,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from ..config import KiB, check_number
 from ..errors import ConfigError
+from ..settings.values import KiB, check_number
 from .priority import Priority, Waiters
 
 __all__ = [
@@ -153,7 +153,7 @@ class Bandwidth:
         return BandwidthStatistics(self.rate, self._throttled, self._waited, len(self._waiters))
 
     def paced(self, priority: Priority) -> PacedFetch:
-        """What one download's requests take their bytes through (``aioloader.pace.PACE``)."""
+        """What one download's requests take their bytes through (``runtime.pace.PACE``)."""
         return PacedFetch(self, priority)
 
     async def take(self, nbytes: int, priority: Priority = lambda: 0) -> None:

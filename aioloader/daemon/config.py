@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import MAX_SECONDS, check_number, parse_size
-from ..environment import resolve_where, warn_unknown_variables
 from ..errors import ConfigError
-from ..settings import DAEMON
+from ..settings.resolver import resolve_where, warn_unknown_variables
+from ..settings.table import DAEMON
+from ..settings.values import MAX_SECONDS, check_number, parse_size
 from ..swarm.peers import parse_peers
 from .allow import AllowList
 from .auth import check_open, read_token, token_text

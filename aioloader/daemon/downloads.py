@@ -39,10 +39,10 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ..config import HttpOptions
 from ..errors import CacheError, ClosedError
-from ..pace import PACE
 from ..redact import redacting_logger
+from ..runtime.pace import PACE
+from ..settings.values import HttpOptions
 from .allow import AllowList
 from .bandwidth import Bandwidth
 from .metrics import Metrics
@@ -330,9 +330,7 @@ class Downloads:
         from ..swarm.manifest import model_key
 
         try:
-            cached: CachedModel = await self._coordinator.fetch(
-                record.url, self._cache, **kwargs
-            )
+            cached: CachedModel = await self._coordinator.fetch(record.url, self._cache, **kwargs)
         finally:
             reads = self._coordinator.reads.get(model_key(record.url))
             if reads is not None:

@@ -11,7 +11,7 @@ the version the origin has now. The answer carries, besides ``Content-Length``:
   origin gave none): a copy of another version than the client opened is not used.
 
 Neither is a secret. The client checks both, and the publisher's digest where the
-origin gives one (daemon_client.py, folder_copy.py).
+origin gives one (fetch/daemon_client.py, fetch/copy.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..cache import ModelCache
-from ..daemon_client import CHECKSUM_HEADER, ETAG_HEADER
 
-__all__ = ["file_answer"]
+__all__ = ["CHECKSUM_HEADER", "ETAG_HEADER", "file_answer"]
+
+CHECKSUM_HEADER = "X-Aioloader-Checksum"
+ETAG_HEADER = "X-Aioloader-Etag"
 
 
 async def file_answer(cache: ModelCache, url: str) -> web.FileResponse:

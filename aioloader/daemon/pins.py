@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..cache.entry import EntryFiles, read_meta
 from ..cache.locks import FileLock, acquire
-from ..threads import Lane, run_blocking
+from ..runtime.threads import Lane, run_blocking
 
 if TYPE_CHECKING:
     from ..cache import ModelCache

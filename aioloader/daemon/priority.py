@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from ..config import check_number
 from ..errors import ConfigError
+from ..settings.values import check_number
 
 __all__ = ["MAX_PRIORITY", "PriorityGate", "Waiter", "Waiters", "check_priority"]
 

@@ -15,8 +15,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..config import MAX_SECONDS, check_number
 from ..errors import ConfigError
+from ..settings.values import MAX_SECONDS, check_number
 
 __all__ = ["DEFAULT_RETRY_BACKOFF", "DEFAULT_RETRY_BACKOFF_MAX", "Backoff"]
 

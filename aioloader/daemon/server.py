@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, LoaderError, StartupError
 from ..redact import RedactingFilter, redacting_logger
-from ..threads import Lane, run_blocking
+from ..runtime.threads import Lane, run_blocking
 from .config import DaemonConfig, config_from_args
 from .logs import EscapingFilter
 

@@ -34,8 +34,8 @@ async def sharing(config: DaemonConfig, cache_root: Any) -> AsyncIterator[Any]:
         libtorrent()
     except ConfigError as exc:
         raise StartupError(str(exc)) from None
+    from ..runtime.threads import Lane, run_blocking
     from ..swarm.scratch import Scratch
-    from ..threads import Lane, run_blocking
 
     host = config.swarm_host or config.host
     node = secrets.token_hex(16)

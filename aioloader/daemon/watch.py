@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..redact import redacting_logger
-from ..resource import AsyncResource
-from ..threads import Lane, run_blocking
+from ..runtime.resource import AsyncResource
+from ..runtime.threads import Lane, run_blocking
 from .metrics import Metrics
 from .state import ModelRecord, Registry, display_url
 

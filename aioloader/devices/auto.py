@@ -5,8 +5,8 @@ from __future__ import annotations
 from concurrent.futures import Executor
 from typing import Any
 
-from ..config import Limits
 from ..errors import ConfigError
+from ..settings.values import Limits
 from .base import Device
 
 __all__ = ["FRAMEWORKS", "device_for"]

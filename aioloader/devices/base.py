@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ..container_memory import MemoryLimit
-from ..kept import BUFFERS_KEPT, HANDED_OUT
-from ..plan import Read, Span
-from ..safetensors import TensorInfo
-from ..staging import Share
+from ..format.safetensors import TensorInfo
+from ..reads.kept import BUFFERS_KEPT, HANDED_OUT
+from ..reads.plan import Read, Span
+from ..reads.staging import Share
+from ..runtime.container_memory import MemoryLimit
 
 __all__ = ["Device", "SpanAllocation", "Staged"]
 

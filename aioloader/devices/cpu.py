@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from ..container_memory import detect_memory_limit
-from ..dtypes import DTYPE_SIZES, import_torch, numpy_dtype, torch_dtype
-from ..plan import ALIGNMENT, Read, Span
-from ..room import is_out_of_memory, out_of_memory
-from ..safetensors import TensorInfo
-from ..threads import run_in
+from ..format.dtypes import DTYPE_SIZES, import_torch, numpy_dtype, torch_dtype
+from ..format.safetensors import TensorInfo
+from ..reads.plan import ALIGNMENT, Read, Span
+from ..reads.room import is_out_of_memory, out_of_memory
+from ..runtime.container_memory import detect_memory_limit
+from ..runtime.threads import run_in
 from .base import Device, SpanAllocation
 
 __all__ = ["CpuDevice", "HostSpan"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..dtypes import torch_dtype
 from ..errors import ConfigError
-from ..plan import Span
-from ..safetensors import TensorInfo
+from ..format.dtypes import torch_dtype
+from ..format.safetensors import TensorInfo
+from ..reads.plan import Span
 from .staged import CopyEngine
 
 __all__ = ["TorchCudaEngine"]

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import numpy_dtype
 from ..errors import ConfigError
-from ..plan import Span
-from ..safetensors import TensorInfo
+from ..format.dtypes import numpy_dtype
+from ..format.safetensors import TensorInfo
+from ..reads.plan import Span
 from .cuda_versions import cuda_mismatch, runtime_version
 from .staged import CopyEngine
 

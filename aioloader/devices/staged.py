@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Limits
-from ..dtypes import DTYPE_SIZES
 from ..errors import FormatError
-from ..plan import ALIGNMENT, Read, Span
-from ..room import is_out_of_memory, out_of_memory
-from ..safetensors import TensorInfo
-from ..threads import Lane, finish_before_cancel, run_in
+from ..format.dtypes import DTYPE_SIZES
+from ..format.safetensors import TensorInfo
+from ..reads.plan import ALIGNMENT, Read, Span
+from ..reads.room import is_out_of_memory, out_of_memory
+from ..runtime.threads import Lane, finish_before_cancel, run_in
+from ..settings.values import Limits
 from .base import Device, SpanAllocation
 
 __all__ = ["CopyEngine", "HostCopyEngine", "RingStatistics", "StagedDevice"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from ..ranges import RangeSet
+from ..reads.ranges import RangeSet
 from ..sources.base import Blob, CacheOutcome
 
 __all__ = ["Sink"]

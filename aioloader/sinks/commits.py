@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-from ..threads import COMMITS
+from ..runtime.threads import COMMITS
 
 __all__ = ["submit", "wait"]
 

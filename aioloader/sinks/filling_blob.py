@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 from ..errors import DigestMismatchError
+from ..runtime.threads import Lane, finish_before_cancel
 from ..sources.base import Blob, CacheOutcome, ForwardingBlob, clip
-from ..threads import Lane, finish_before_cancel
 from .base import Sink
 
 __all__ = ["FillingBlob"]

@@ -10,9 +10,9 @@ import importlib
 from typing import Any
 from urllib.parse import urlparse
 
-from ..config import HttpOptions, S3Options
 from ..errors import ConfigError
-from ..threads import Lanes
+from ..runtime.threads import Lanes
+from ..settings.values import HttpOptions, S3Options
 from .base import Source
 from .schemes import listed, scheme_named
 

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote, unquote, urlparse
 
-from ..direct_io import DIRECT_IO, fill, is_aligned, read_direct
 from ..errors import (
     AccessDeniedError,
     ClosedError,
@@ -32,8 +31,9 @@ from ..errors import (
     ReadError,
     SourceError,
 )
-from ..small_files import read_bytes as read_small_file
-from ..threads import Lanes, run_blocking
+from ..runtime.direct_io import DIRECT_IO, fill, is_aligned, read_direct
+from ..runtime.small_files import read_bytes as read_small_file
+from ..runtime.threads import Lanes, run_blocking
 from .base import Blob, Source
 from .file_version import Stamp, changes, checked_stat, require_regular
 from .page_cache import PageCache

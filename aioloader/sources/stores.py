@@ -7,7 +7,7 @@ an Azure account's SAS or token must not reach another host), built on first use
 from the settings, and closes them, then its lanes when it made them.
 
 This is what reads a store as it is (a fetch, a folder copy, an inspection); the
-caches a load reads through are layered on top by aioloader/stack.py.
+caches a load reads through are layered on top by aioloader/load/stack.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ConfigError
-from ..options import LoadOptions
-from ..resource import AsyncResource
-from ..threads import Lanes
+from ..runtime.resource import AsyncResource
+from ..runtime.threads import Lanes
+from ..settings.options import LoadOptions
 from .auto import scheme_of, source_for, store_of, unsupported
 from .base import Source
 from .schemes import Scheme, scheme_named

@@ -36,10 +36,10 @@ from typing import TypeVar
 import numpy as np
 
 from ..errors import DigestMismatchError
-from ..kept import BUFFERS_KEPT
-from ..ranges import RangeSet
+from ..reads.kept import BUFFERS_KEPT
+from ..reads.ranges import RangeSet
 from ..redact import redacting_logger
-from ..threads import run_blocking
+from ..runtime.threads import run_blocking
 from .base import Blob, ForwardingBlob, clip
 from .digests import Digest, Running
 from .held_copies import HeldCopies

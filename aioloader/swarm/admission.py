@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from ..redact import redacting_logger
-from ..threads import Lane
+from ..runtime.threads import Lane
 from .peers import MAX_PEERS, PeerAddress, resolve
 from .session import Swarm
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..redact import redacting_logger
-from ..threads import run_blocking
+from ..runtime.threads import run_blocking
 from .manifest import (
     MAX_TORRENT,
     FileOffer,

@@ -47,6 +47,7 @@ from ..redact import redacting_logger
 from ..sources.base import Current, Source
 from .admission import Admission
 from .asking import Asker
+from .deal import Plan, share_of, watched
 from .follower import Answer, Follower, known_torrent, leads
 from .manifest import (
     FileOffer,
@@ -57,7 +58,6 @@ from .manifest import (
 )
 from .offers import Offers
 from .peers import PeerAddress
-from .plan import Plan, share_of, watched
 from .proof import PeerProof
 from .session import Swarm, SwarmError
 from .source import Reads, SwarmSource
@@ -327,7 +327,7 @@ class Coordinator(Offers):
 
 
 async def _gather(coros: Any) -> list[Any]:
-    from ..tasks import gather
+    from ..runtime.tasks import gather
 
     results: list[Any] = []
 

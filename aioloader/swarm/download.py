@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import DetourError
-from ..threads import Lane, run_blocking
+from ..runtime.threads import Lane, run_blocking
 from .torrents import describe, info_hash
 
 __all__ = ["Download", "Host", "SwarmError", "SwarmStalled"]

@@ -35,10 +35,10 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from ..direct_io import fill
 from ..errors import DigestMismatchError
+from ..runtime.direct_io import fill
+from ..runtime.threads import run_blocking
 from ..sources.digests import Digest
-from ..threads import run_blocking
 from .download import Download, SwarmError
 from .manifest import FileOffer
 from .session import Swarm

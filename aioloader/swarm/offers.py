@@ -22,8 +22,8 @@ from typing import Any
 from ..cache.entry import Version
 from ..errors import LoaderError
 from ..redact import redacting_logger
+from ..runtime.threads import Lane, run_blocking
 from ..sources.base import Current
-from ..threads import Lane, run_blocking
 from .held import Held, HeldFile
 from .manifest import FileOffer, Manifest, file_name, torrent_name
 from .session import Swarm

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..redact import redacting_logger
-from ..threads import run_blocking
+from ..runtime.threads import run_blocking
 
 __all__ = ["MAX_PEERS", "PeerAddress", "parse_peers", "resolve"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import StartupError
 from ..redact import redacting_logger
-from ..threads import Lane, run_blocking
+from ..runtime.threads import Lane, run_blocking
 from .download import Download, SwarmError, SwarmStalled
 from .settings_pack import settings_pack
 from .torrents import describe, info_hash, libtorrent

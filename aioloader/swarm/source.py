@@ -31,13 +31,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
-from ..direct_io import fill
 from ..errors import LoaderError, ObjectChangedError
-from ..ranges import RangeSet
+from ..reads.ranges import RangeSet
 from ..redact import redacting_logger
+from ..runtime.direct_io import fill
+from ..runtime.threads import run_blocking
 from ..sources.base import Blob, Current, ForwardingBlob, Landing, Source
 from ..sources.digests import Digest
-from ..threads import run_blocking
 from .incoming import Follow, Incoming
 from .manifest import FileOffer, file_name
 from .session import Swarm

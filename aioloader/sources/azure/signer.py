@@ -28,11 +28,11 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import Executor
 from typing import Any
 
-from ...environment import resolve
 from ...errors import ConfigError
 from ...redact import redact
-from ...settings import AZURE_IDENTITY
-from ...threads import run_in
+from ...runtime.threads import run_in
+from ...settings.resolver import resolve
+from ...settings.table import AZURE_IDENTITY
 from ..http.signer import reason_of
 from .settings import AzureSettings
 from .url import Location

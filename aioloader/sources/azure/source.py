@@ -19,11 +19,11 @@ from __future__ import annotations
 from functools import partial
 from urllib.parse import quote, urlencode, urlparse
 
-from ...config import HttpOptions
 from ...errors import NotFoundError, SourceError
 from ...redact import redact
-from ...threads import Lanes
-from ...throttle import LimiterStatistics
+from ...runtime.threads import Lanes
+from ...runtime.throttle import LimiterStatistics
+from ...settings.values import HttpOptions
 from ..base import Blob, Source
 from ..digests import Digest
 from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing

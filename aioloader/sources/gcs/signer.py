@@ -19,7 +19,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...redact import redact
-from ...threads import run_in
+from ...runtime.threads import run_in
 from ..http.rules import same_origin
 from ..http.signer import reason_of
 from .url import ENDPOINT

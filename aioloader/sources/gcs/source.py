@@ -17,11 +17,11 @@ import json
 from typing import Any
 from urllib.parse import urlencode
 
-from ...config import HttpOptions
 from ...errors import SourceError
 from ...redact import redact
-from ...threads import Lanes
-from ...throttle import LimiterStatistics
+from ...runtime.threads import Lanes
+from ...runtime.throttle import LimiterStatistics
+from ...settings.values import HttpOptions
 from ..base import Blob, Source
 from ..digests import gcs_digest
 from ..http.listing import listed, prefix_to_list

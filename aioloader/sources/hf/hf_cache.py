@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import LoaderError, NotFoundError
-from ...small_files import read_bytes, read_text
+from ...runtime.small_files import read_bytes, read_text
 from .snapshot import Snapshot
 from .tree import TreeEntry, dump_tree, parse_tree
 from .url import HfLocation, is_commit

@@ -26,9 +26,9 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from ...config import MAX_SECONDS, check_number
 from ...errors import LoaderError, ReadError, SourceError
 from ...redact import redacting_logger
+from ...settings.values import MAX_SECONDS, check_number
 from ..http.store import HttpStore
 from .hub import HubSettings
 from .url import HfLocation, is_commit

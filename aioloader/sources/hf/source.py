@@ -26,12 +26,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from ...config import HttpOptions
 from ...errors import ClosedError, SourceError
-from ...names import shown
+from ...format.names import shown
 from ...redact import redacting_logger
-from ...threads import Lanes, run_in
-from ...throttle import LimiterStatistics
+from ...runtime.threads import Lanes, run_in
+from ...runtime.throttle import LimiterStatistics
+from ...settings.values import HttpOptions
 from ..base import Blob, Source
 from ..digests import Digest, hub_digest
 from ..file import FileSource

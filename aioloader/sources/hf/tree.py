@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ...names import length_problem
+from ...format.names import length_problem
 
 __all__ = ["TreeEntry", "bad_path", "dump_tree", "entry_from_json", "escapes", "parse_tree"]
 

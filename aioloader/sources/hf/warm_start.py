@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from ...tasks import gather
+from ...runtime.tasks import gather
 from .source import HfSource
 from .url import HfLocation
 

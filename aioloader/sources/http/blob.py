@@ -13,9 +13,9 @@ from concurrent.futures import Executor
 from typing import Any
 
 from ...errors import ClosedError
-from ...pace import quantum, take
-from ...prefault import populate
-from ...threads import run_blocking
+from ...runtime.pace import quantum, take
+from ...runtime.prefault import populate
+from ...runtime.threads import run_blocking
 from ..base import Blob, clip
 from .filler import Filler
 from .retry import Retrier, RetryableError, keep_pace

@@ -16,10 +16,10 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from ...config import HttpOptions
 from ...errors import ReadError, ReadTimeoutError
 from ...redact import redacting_logger
-from ...throttle import AdaptiveLimiter, LimiterStatistics
+from ...runtime.throttle import AdaptiveLimiter, LimiterStatistics
+from ...settings.values import HttpOptions
 from .client import Pace
 
 __all__ = ["Retrier", "RetryableError", "backoff_delay", "keep_pace"]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from urllib.parse import quote, urljoin
 
-from ...config import HttpOptions
-from ...threads import Lanes
-from ...throttle import LimiterStatistics
+from ...runtime.threads import Lanes
+from ...runtime.throttle import LimiterStatistics
+from ...settings.values import HttpOptions
 from ..base import Blob, Current, Source
 from .signer import HeaderSigner
 from .store import HttpStore

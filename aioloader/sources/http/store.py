@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
-from ...config import HttpOptions
 from ...errors import NotFoundError
-from ...pace import take
 from ...redact import redacting_logger
-from ...threads import Lanes
-from ...throttle import LimiterStatistics
+from ...runtime.pace import take
+from ...runtime.threads import Lanes
+from ...runtime.throttle import LimiterStatistics
+from ...settings.values import HttpOptions
 from .blob import HttpBlob
 from .retry import Retrier, RetryableError
 from .rules import PROBE_SIZE, check_encoding, size_of, strong_etag

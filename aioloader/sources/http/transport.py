@@ -18,8 +18,8 @@ from urllib.parse import urlparse
 
 from multidict import CIMultiDict
 
-from ...config import HttpOptions
 from ...errors import ClosedError, SourceError
+from ...settings.values import HttpOptions
 from .client import Answer, RangeClient, WireError
 from .retry import RetryableError
 from .rules import (

@@ -19,10 +19,10 @@ from concurrent.futures import Executor
 from typing import Any
 from urllib.parse import urlparse
 
-from ...config import S3Options
 from ...errors import ConfigError
 from ...redact import redacting_logger
-from ...threads import run_in
+from ...runtime.threads import run_in
+from ...settings.values import S3Options
 from ..http.signer import reason_of
 
 __all__ = ["S3_NAMESPACE", "S3Signer", "xml_text"]

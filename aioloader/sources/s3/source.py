@@ -16,11 +16,11 @@ from functools import partial
 from typing import cast
 from urllib.parse import quote, urlencode
 
-from ...config import HttpOptions, S3Options
 from ...errors import NotFoundError, SourceError
 from ...redact import redacting_logger
-from ...threads import Lanes
-from ...throttle import LimiterStatistics
+from ...runtime.threads import Lanes
+from ...runtime.throttle import LimiterStatistics
+from ...settings.values import HttpOptions, S3Options
 from ..base import Blob, Current, Source
 from ..digests import Digest
 from ..http.listing import broken_listing, listed, prefix_to_list, xml_listing

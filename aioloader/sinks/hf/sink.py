@@ -1,0 +1,93 @@
+"""The hub cache as a load's sink: a weight file read from the Hub also fills the cache.
+
+``HubSink`` is the Hugging Face cache's ``Sink`` (sinks/base.py), fed by the
+``FillingBlob`` that ``HfCacheWrites`` (cache_writes.py) hands out. A staged (GPU)
+load writes each range through into a temporary file in ``blobs/`` before its read
+returns (blob_through.py); a load into host memory keeps the ranges it read, views
+of the caller's tensors and the header's bytes, written after the load
+(blob_writer.py). Either way, once the blob is closed, a commit thread
+(sinks/commits.py, keyed by the hub cache's folder) commits the file when it was
+read whole and its digest is the one the Hub publishes, and links the snapshot's
+file to it; anything else leaves no file under a final name.
+"""
+
+from __future__ import annotations
+
+from ...runtime.threads import Lane, run_blocking
+from ...sources.base import Blob
+from .. import commits
+from ..base import Sink
+from ..filling_blob import FillingBlob
+from .blob_through import TemporaryBlob
+from .blob_writer import Ranges, WeightFile, write_blob
+
+__all__ = ["HubSink", "filling"]
+
+
+class HubSink(Sink):
+    """A weight file on its way into the hub cache (see the module).
+
+    Args:
+        target: where the file goes.
+        file: write through into this temporary file; None: keep the ranges read and
+            write them after the load.
+    """
+
+    def __init__(self, target: WeightFile, file: TemporaryBlob | None) -> None:
+        super().__init__()
+        self.target = target
+        self._file = file
+        self._ranges: Ranges = []
+
+    def __repr__(self) -> str:
+        mode = "through" if self._file is not None else "after"
+        return f"<hub cache {self.target.path!r} of {self.target.snapshot.describe()} {mode}>"
+
+    def write(self, offset: int, views: list[memoryview]) -> None:
+        file = self._file
+        assert file is not None, "written through without a temporary file"
+        file.write(offset, views)
+
+    async def keep(self, offset: int, views: list[memoryview]) -> None:
+        for view in views:
+            self._ranges.append((offset, view))
+            offset += view.nbytes
+
+    def failed(self, exc: OSError) -> None:
+        """The bytes are in the caller's buffers already: only the cache gives up."""
+        self.target.warn(exc)
+        self.caching = False
+
+    async def commit(self, blob: Blob) -> None:
+        target, file, self._file = self.target, self._file, None
+        if file is not None:
+            whole = self.caching and self.written.covers(0, target.size)
+            end = file.publish if whole else file.discard
+            commits.submit(target.cache.root, lambda: target.settle(end))
+            return
+        # Whatever the load did: a file not read whole, or not the Hub's bytes, is not
+        # written (write_blob), and one committed meanwhile is linked.
+        ranges, self._ranges = self._ranges, []
+        cache, blob_id, size = target.cache, target.blob_id, target.size
+        commits.submit(
+            cache.root, lambda: target.settle(lambda: write_blob(cache, blob_id, size, ranges))
+        )
+
+
+async def filling(inner: Blob, target: WeightFile, through: Lane | None) -> Blob:
+    """``inner`` as a ``FillingBlob`` filling ``target``: written through in ``through``
+    (its temporary file made there), or after the load when None. ``inner`` itself,
+    with a warning, when the cache cannot take a file."""
+    if through is None:
+        return FillingBlob(inner, HubSink(target, None), through=None)
+    try:
+        file = await run_blocking(
+            through, lambda: TemporaryBlob(target), on_abandon=TemporaryBlob.discard
+        )
+    except OSError as exc:
+        target.warn(exc)
+        return inner
+    except BaseException:
+        await inner.aclose()
+        raise
+    return FillingBlob(inner, HubSink(target, file), through=through)
