@@ -1,7 +1,7 @@
 """The Hugging Face hub cache, written by staged (GPU path) hf:// loads.
 
 A staged load reuses each staging slot as soon as its copy completes, so its bytes
-are written into a temporary blob as they arrive (sources/hf/blob_through.py). The
+are written into a temporary blob as they arrive (sinks/hf/blob_through.py). The
 loads here run the GPU path into host memory (``HostCopyEngine``) with a ring far
 smaller than the model, so slots are recycled many times. huggingface_hub is the
 oracle, as in test_hf_cache.py; every tensor is compared bit for bit with safetensors.

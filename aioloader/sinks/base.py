@@ -6,7 +6,7 @@ came from the remote, then ``write`` (write through: before the read returns, in
 thread) or ``keep`` (write after: the caller's memory, written once the load is
 over), ``received`` for bytes another rank sent, and ``commit`` once, when the blob
 is closed and no write runs any more. The node cache (cache/sink.py) and the hub
-cache (sources/hf/sink.py) implement it.
+cache (hf/sink.py) implement it.
 """
 
 from __future__ import annotations

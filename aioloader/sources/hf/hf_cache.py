@@ -14,7 +14,7 @@ finds what they wrote::
 The file work here is synchronous, for a thread, but for the reads of refs and listings
 a load makes from the event loop (``load_*``), which go through aiofiles in the
 caller's lane (small_files.py). A blob is written under a
-temporary name in ``blobs/`` and renamed (blob_writer.py), and links and refs are
+temporary name in ``blobs/`` and renamed (sinks/hf/blob_writer.py), and links and refs are
 renamed into place too, so a reader never sees half of anything.
 """
 

@@ -16,7 +16,7 @@ A file the Hugging Face hub cache already holds at that commit (written by
 aioloader or by huggingface_hub) is read from there, as a local file. With
 ``HF_HUB_OFFLINE`` set the Hub is never asked: the revision and the files come
 from the cache (hf_cache.py), and what it lacks is a NotFoundError saying so.
-Filling the cache is cache_writes.py's.
+Filling the cache is sinks/hf/cache_writes.py's.
 """
 
 from __future__ import annotations
