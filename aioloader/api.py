@@ -44,12 +44,19 @@ def _ranks_for(group: Any, device: Device) -> Any:
     return ranks_for(group, device)
 
 
-def _display(url: URL) -> str:
+def _display(url: URL | Location) -> str:
     """``url`` for messages, reports and task names: its secrets redacted."""
+    if isinstance(url, Location):
+        url = url.url
     if isinstance(url, str):
         return redact(url)
     urls = list(url)
     return redact(urls[0] if len(urls) == 1 else f"{urls[0]} and {len(urls) - 1} more files")
+
+
+def _located(url: URL | Location) -> Location:
+    """``url`` parsed, once: here at the API's edge unless the caller did (``locate``)."""
+    return url if isinstance(url, Location) else locate(url)
 
 
 @dataclass(frozen=True)
@@ -167,13 +174,16 @@ class Loader(AsyncResource):
         if self._closed:
             raise ClosedError("this Loader is closed; create a new one")
 
-    def stream(self, url: URL, *, tensors: Selection = None, rows: Rows = None) -> TensorStream:
+    def stream(
+        self, url: URL | Location, *, tensors: Selection = None, rows: Rows = None
+    ) -> TensorStream:
         """Stream the tensors of ``url`` as each one completes.
 
         Args:
             url: a ``.safetensors`` file, a folder of shards or a
                 ``*.safetensors.index.json``, as a local path or a URL of any scheme
-                aioloader reads (sources/schemes.py); or a list of file URLs of one store.
+                aioloader reads (sources/schemes.py); or a list of file URLs of one store;
+                or a ``Location`` that ``locate`` parsed them into (they are parsed once).
             tensors: names to load, or a predicate on names; ``None`` loads all.
                 Only the selected tensors' bytes are read.
             rows: load only rows ``[start, stop)`` of the first dimension of some
@@ -195,7 +205,7 @@ class Loader(AsyncResource):
         return stream
 
     async def load(
-        self, url: URL, *, tensors: Selection = None, rows: Rows = None
+        self, url: URL | Location, *, tensors: Selection = None, rows: Rows = None
     ) -> dict[str, Any]:
         """Load tensors of ``url`` into a dict (see ``stream`` for the arguments).
 
@@ -213,12 +223,12 @@ class Loader(AsyncResource):
 
         self._check_open()
         # Nobody sees these tensors before the load returns: the stack may take it back.
-        return await self._stack.load(locate(url), attempt)
+        return await self._stack.load(_located(url), attempt)
 
-    async def inspect(self, url: URL) -> ModelInfo:
+    async def inspect(self, url: URL | Location) -> ModelInfo:
         """Read and validate the headers of ``url`` without reading tensor data."""
         self._check_open()
-        where = locate(url)
+        where = _located(url)
         async with await open_model(self._stack.source(where), where.url, self._lanes) as model:
             return ModelInfo(url=_display(url), layout=model.layout, headers=tuple(model.headers))
 
@@ -232,7 +242,7 @@ class Loader(AsyncResource):
         rows: Rows = None,
     ) -> LoadReport:
         self._check_open()
-        where = url if isinstance(url, Location) else locate(url)
+        where = _located(url)
         source = self._stack.load_source(where)
         ranks = self._ranks()
         try:
@@ -282,7 +292,7 @@ class Loader(AsyncResource):
 
 
 async def load_model(
-    url: URL,
+    url: URL | Location,
     *,
     tensors: Selection = None,
     rows: Rows = None,
@@ -310,7 +320,7 @@ async def load_model(
 
 
 def load_model_sync(
-    url: URL,
+    url: URL | Location,
     *,
     tensors: Selection = None,
     rows: Rows = None,
@@ -341,7 +351,7 @@ def load_model_sync(
     )
 
 
-async def inspect_model(url: URL) -> ModelInfo:
+async def inspect_model(url: URL | Location) -> ModelInfo:
     """Read the headers of a model (no tensor data): tensors, dtypes, metadata."""
     async with Loader() as loader:
         return await loader.inspect(url)

@@ -16,6 +16,7 @@ from . import __version__
 from .api import Loader, ModelInfo
 from .errors import LoaderError
 from .format.dtypes import import_torch
+from .load.stack import locate
 from .redact import redact
 from .runtime.sync import run
 from .settings.options import KEYWORDS
@@ -97,7 +98,7 @@ async def _load(args: argparse.Namespace) -> int:
     with _progress_bar(sys.stderr) as bar:
         async with Loader(**_load_options(args)) as loader:
             selection = args.tensor or None
-            async with loader.stream(args.url, tensors=selection) as stream:
+            async with loader.stream(locate(args.url), tensors=selection) as stream:
                 last = 0.0
                 async for _ in stream:
                     now = time.perf_counter()
@@ -182,7 +183,7 @@ def _print_tensors(tensors: list[dict[str, Any]]) -> None:
 
 async def _inspect(args: argparse.Namespace) -> int:
     async with Loader() as loader:
-        info = await loader.inspect(args.url)
+        info = await loader.inspect(locate(args.url))
     data = describe(info)
     if args.json:
         print(json.dumps(data, indent=2))

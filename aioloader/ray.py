@@ -40,6 +40,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .errors import ConfigError
 from .settings.options import LoadOptions
 from .settings.values import MAX_SECONDS, check_number
+from .sources.stores import Location, locate
 
 __all__ = ["NodePreload", "load_shared", "preload", "release_shared"]
 
@@ -76,7 +77,7 @@ class _Preloader:
     """Fills one node's cache (one per node, for the time of a ``preload``)."""
 
     async def fetch(
-        self, urls: list[str], cache_dir: str, options: dict[str, Any]
+        self, urls: list[Location], cache_dir: str, options: dict[str, Any]
     ) -> dict[str, Any]:
         from .cache.model_cache import ModelCache
 
@@ -164,7 +165,9 @@ def preload(
         check_number("timeout", timeout, maximum=MAX_SECONDS)
     if not ray.is_initialized():
         ray.init()
-    url_list = [urls] if isinstance(urls, str) else list(urls)
+    # Each model's URL parsed once, here: the nodes fetch the Location (a bad URL fails
+    # before any actor starts).
+    url_list = [locate(u) for u in ([urls] if isinstance(urls, str) else list(urls))]
     alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
     wanted = list(nodes) if nodes is not None else list(alive)
     pending: dict[str, tuple[Any, Any, str]] = {}
@@ -219,7 +222,7 @@ class _Holder:
         self._refs: dict[str, Any] | None = None
         self._lock = asyncio.Lock()
 
-    async def refs(self, url: str, options: dict[str, Any]) -> dict[str, Any]:
+    async def refs(self, url: Location, options: dict[str, Any]) -> dict[str, Any]:
         """``{name: (object ref of the bytes, dtype name, shape)}``, loading on first call."""
         async with self._lock:
             if self._refs is None:
@@ -282,7 +285,7 @@ def _canonical(value: Any, where: str) -> Any:
     )
 
 
-def _holder_key(url: str, options: Mapping[str, Any]) -> str:
+def _holder_key(url: str | Sequence[str], options: Mapping[str, Any]) -> str:
     """A digest of the URL and every option: no secret (a header, a profile) in clear."""
     if "group" in options:
         raise ConfigError(
@@ -297,7 +300,7 @@ def _holder_name(key: str, node_id: str) -> str:
     return f"aioloader-shared-{node_id[:16]}-{key}"
 
 
-async def load_shared(url: str, **options: Any) -> dict[str, Any]:
+async def load_shared(url: str | Location, **options: Any) -> dict[str, Any]:
     """The tensors of ``url`` from the object store of this node, loaded once per node.
 
     The first caller on a node starts a holder actor there, named after the node and
@@ -319,7 +322,8 @@ async def load_shared(url: str, **options: Any) -> dict[str, Any]:
     """
     import torch
 
-    key = _holder_key(url, options)
+    where = url if isinstance(url, Location) else locate(url)  # parsed once, for the holder
+    key = _holder_key(where.url, options)
     node_id = ray.get_runtime_context().get_node_id()
     holder = _Holder.options(  # type: ignore[attr-defined]
         name=_holder_name(key, node_id),
@@ -328,7 +332,7 @@ async def load_shared(url: str, **options: Any) -> dict[str, Any]:
         lifetime="detached",
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     ).remote()
-    refs: dict[str, Any] = await holder.refs.remote(url, options)
+    refs: dict[str, Any] = await holder.refs.remote(where, options)
     names = list(refs)
     arrays = await asyncio.gather(*(refs[n][0] for n in names))
     tensors = {}

@@ -51,12 +51,16 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .redact import redacting_logger
 from .runtime.sync import LoopThread, run_beside
 from .settings.options import KEYWORDS, LoadOptions
+
+if TYPE_CHECKING:
+    from .sources.hf.url import HfLocation
+    from .sources.stores import Location
 
 __all__ = [
     "KEYS",
@@ -134,7 +138,7 @@ _ENDED = object()
 
 
 def stream_weights(
-    url: str, *, device: str = "cpu", window: int = WINDOW, **loader: Any
+    url: str | Location, *, device: str = "cpu", window: int = WINDOW, **loader: Any
 ) -> Iterator[tuple[str, Any]]:
     """The tensors of ``url`` as ``(name, tensor)``, for synchronous code.
 
@@ -186,15 +190,20 @@ def stream_weights(
         logger.info("aioloader: %s", report.summary())
 
 
-def fill_cache(options: VllmOptions, url: str) -> None:
+def fill_cache(options: VllmOptions, url: str | Location) -> None:
     """Fill the node cache with ``url``'s files ahead of the load, when one is configured
     (``download_model``); from any thread, one with a running loop included (sync.py)."""
     cache_dir = options.loader.cache_dir
-    if cache_dir and "://" in url and not url.startswith("file://"):
+    if not cache_dir:
+        return
+    from .sources.stores import locate
+
+    where = locate(url) if isinstance(url, str) else url
+    if where.scheme.remote:
         from .cache.model_cache import ModelCache
 
         cache = cache_dir if isinstance(cache_dir, ModelCache) else ModelCache(cache_dir)
-        run_beside(lambda: cache.fetch(url, options=options.loader))
+        run_beside(lambda: cache.fetch(where, options=options.loader))
 
 
 # -- the vLLM side -----------------------------------------------------------------------
@@ -231,16 +240,17 @@ def _loader_class() -> type:
 
         def download_model(self, model_config: Any) -> None:
             """Fill the node cache ahead of the load, when one is configured."""
-            fill_cache(self.options, _weights_url(self.options, model_config))
+            fill_cache(self.options, _weights(self.options, model_config))
 
         def load_weights(self, model: Any, model_config: Any) -> None:
-            url = _weights_url(self.options, model_config)
+            where = _weights(self.options, model_config)
+            url = where.first
             group = _load_group() if self.options.distributed else None
             # group= exchanges host memory; the model's own load_weights moves it on.
             device = "cpu" if group is not None else _device_of(model)
             expected = {name for name, _ in model.named_parameters()}
             started = time.perf_counter()
-            weights = stream_weights(url, device=device, group=group, options=self.options.loader)
+            weights = stream_weights(where, device=device, group=group, options=self.options.loader)
             loaded = model.load_weights(weights)
             logger.info("Loading weights took %.2f seconds", time.perf_counter() - started)
             if getattr(model_config, "quantization", None) is None and loaded is not None:
@@ -279,11 +289,15 @@ def _load_group() -> Any:
     return group.cpu_group if group.world_size > 1 else None
 
 
-def _weights_url(options: VllmOptions, model_config: Any) -> str:
+def _weights(options: VllmOptions, model_config: Any) -> Location:
+    """Where the weights are read from, parsed once (``weights_url``'s rules)."""
+    from .sources.stores import Location, locate
+
     if options.url:
-        return options.url
-    weights = getattr(model_config, "model_weights", None)
-    return weights_url(str(weights or model_config.model), getattr(model_config, "revision", None))
+        return locate(options.url)
+    model = str(getattr(model_config, "model_weights", None) or model_config.model)
+    place = _hub_place(model, getattr(model_config, "revision", None))
+    return locate(model) if place is None else Location.of_hub(place)
 
 
 def weights_url(model: str, revision: str | None = None) -> str:
@@ -293,17 +307,24 @@ def weights_url(model: str, revision: str | None = None) -> str:
     (``org/name``) that is no local path becomes ``hf://org/name@revision``
     (``main`` without one); anything else is kept, to fail as a missing path.
     """
+    place = _hub_place(model, revision)
+    return model if place is None else place.url()
+
+
+def _hub_place(model: str, revision: str | None) -> HfLocation | None:
+    """The place on the Hub ``model`` names when it is a repository id (see
+    ``weights_url``), at ``revision``; None when it is a URL or a path."""
     if "://" in model or os.path.exists(model):
-        return model
+        return None
     from .sources.hf.url import DEFAULT_REVISION, parse_hf_url
 
     try:
         location = parse_hf_url(f"hf://{model}")
     except ConfigError:
-        return model
+        return None
     if location.path or location.revision != DEFAULT_REVISION:
-        return model  # "org/name/sub" or "org/name@x" is a path, not a repository id
-    return location.at(revision=revision or DEFAULT_REVISION).url()
+        return None  # "org/name/sub" or "org/name@x" is a path, not a repository id
+    return location.at(revision=revision or DEFAULT_REVISION)
 
 
 def _device_of(model: Any) -> str:

@@ -154,7 +154,7 @@ def test_urls_of_an_account_name_the_account_endpoint_and_sas(
     from aioloader.runtime.threads import Lanes
     from aioloader.sources.auto import source_for
     from aioloader.sources.azure.source import AzureSource
-    from aioloader.sources.azure.url import Location, is_azure_url
+    from aioloader.sources.azure.url import AzureBlobAddress, is_azure_url
 
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
     monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_NAME", raising=False)
@@ -162,10 +162,10 @@ def test_urls_of_an_account_name_the_account_endpoint_and_sas(
     assert is_azure_url(url) and is_azure_url("az://box/x") and not is_azure_url("https://x.y/z")
     with Lanes(2) as lanes:
         assert isinstance(source_for(url, lanes=lanes), AzureSource)
-    where = Location(url)
+    where = AzureBlobAddress(url)
     assert (where.account, where.container, where.name) == ("acct", "box", "llm/model.safetensors")
     assert where.endpoint == "https://acct.blob.core.windows.net" and where.url_sas.endswith("%2B")
     with pytest.raises(Exception, match="AZURE_STORAGE_CONNECTION_STRING"):
-        Location("az://box/llm/")  # no account anywhere
+        AzureBlobAddress("az://box/llm/")  # no account anywhere
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "other")
-    assert Location("az://box/llm/").endpoint == "https://other.blob.core.windows.net"
+    assert AzureBlobAddress("az://box/llm/").endpoint == "https://other.blob.core.windows.net"

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from aioloader.daemon.allow import AllowList, UrlNotAllowedError, parse_location
+from aioloader.daemon.allow import AllowList, UrlNotAllowedError
 from aioloader.daemon.app import RequestError, check_url
 from aioloader.errors import AccessDeniedError, ConfigError
+from aioloader.sources.url_parts import url_parts
 
 from .daemon_helpers import running, single_file
 from .servers import FaultyHttpServer
@@ -94,12 +95,12 @@ def test_refused(url: str, reason: str) -> None:
 
 
 def test_locations_are_normalised() -> None:
-    a = parse_location("HTTPS://Example.COM/m//x/")
+    a = url_parts("HTTPS://Example.COM/m//x/")
     assert (a.scheme, a.host, a.port, a.segments) == ("https", "example.com", 443, ("m", "x"))
-    assert parse_location("http://h/a%20b").segments == ("a b",)
-    assert parse_location("s3://bucket/k").port is None
+    assert url_parts("http://h/a%20b").segments == ("a b",)
+    assert url_parts("s3://bucket/k").port is None
     # A Unicode host is compared as written: never equal to its xn-- form.
-    assert parse_location("https://bücher.de/m").host == "bücher.de"
+    assert url_parts("https://bücher.de/m").host == "bücher.de"
     assert AllowList(["https://xn--bcher-kva.de/"]).refusal("https://bücher.de/m") is not None
 
 

@@ -193,7 +193,7 @@ def test_an_unsafe_hub_redirect_is_refused(target: str, reason: str) -> None:
 )
 def test_check_url_takes_hf_urls(url: Any, code: str | None) -> None:
     if code is None:
-        assert check_url(url) == url
+        assert check_url(url).url == url
         return
     with pytest.raises(RequestError) as info:
         check_url(url)
@@ -202,7 +202,7 @@ def test_check_url_takes_hf_urls(url: Any, code: str | None) -> None:
 
 def test_check_url_applies_the_hub_prefixes() -> None:
     allow = AllowList(["hf://org/name"])
-    assert check_url("hf://org/name@dev", allow) == "hf://org/name@dev"
+    assert check_url("hf://org/name@dev", allow).url == "hf://org/name@dev"
     with pytest.raises(RequestError) as info:
         check_url("hf://org/name2", allow)
     assert (info.value.status, info.value.code) == (403, "url_not_allowed")

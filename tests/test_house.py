@@ -9,8 +9,11 @@ counts), so a lazy import cannot hide a circle.
 from __future__ import annotations
 
 import ast
+import asyncio
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -217,3 +220,145 @@ def test_the_root_is_not_a_hallway() -> None:
 def test_every_room_says_what_lives_there(room: str) -> None:
     tree = ast.parse((PACKAGE / room / "__init__.py").read_text())
     assert ast.get_docstring(tree), f"aioloader/{room}/__init__.py has no docstring"
+
+
+# -- a URL parsed once, where it enters (issue 43) ----------------------------------------
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, function: Any) -> list[Any]:
+    """Every call of ``function`` from any aioloader module, by its first argument: each
+    module's name for it is wrapped by one that records the argument and calls through."""
+    calls: list[Any] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0] if args else None)
+        return function(*args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] == "aioloader":
+            for attribute, value in list(vars(module).items()):
+                if value is function:
+                    monkeypatch.setattr(module, attribute, counted)
+    return calls
+
+
+def _with_calls(monkeypatch: pytest.MonkeyPatch, cls: type, method: str, calls: list[Any]) -> None:
+    """``cls.method`` recording its first argument in ``calls``, then calling through."""
+    original = getattr(cls, method)
+
+    def recorded(self: Any, first: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(first)
+        return original(self, first, *args, **kwargs)
+
+    monkeypatch.setattr(cls, method, recorded)
+
+
+async def test_an_hf_load_parses_its_url_once(
+    hub: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Hub parser reads the model's URL once per load (``locate``, at the API's
+    edge): the source takes the place it parsed, and the files it joined, as values."""
+    pytest.importorskip("torch")
+    import aioloader.sources.hf.source
+    import aioloader.sources.stores
+    from aioloader import load_model
+    from aioloader.sources.hf import url as hf_url
+
+    from .helpers import some_big, write_sharded
+
+    folder = tmp_path / "src"
+    write_sharded(folder, some_big(1), shards=3)
+    hub.commit("org/sharded", {p.name: p.read_bytes() for p in folder.iterdir()})
+    assert aioloader.sources.hf.source and aioloader.sources.stores
+    calls = _count_calls(monkeypatch, hf_url.parse_hf_url)
+    for url in ("hf://org/sharded", "hf://org/sharded@main/"):
+        for _ in range(2):  # cold, then warm from the hub cache (warm_start.py)
+            calls.clear()
+            assert len(await load_model(url)) == len(some_big(1))
+            assert calls.count(url) == 1, calls
+            assert calls == [url], calls  # nor any file of it, joined by the source
+
+
+def _allow_list_urls() -> list[str]:
+    """Every URL spelling the allow-list's tests use, allowed or refused."""
+    from . import test_daemon_allow, test_daemon_hf
+
+    found: list[str] = []
+    for test in (
+        test_daemon_allow.test_allowed,
+        test_daemon_allow.test_refused,
+        test_daemon_allow.test_check_url_refuses_bypasses,
+        test_daemon_hf.test_hf_urls_inside,
+        test_daemon_hf.test_hf_urls_outside,
+    ):
+        for mark in test.pytestmark:  # type: ignore[attr-defined]
+            if mark.name == "parametrize":
+                found += [v if isinstance(v, str) else v[0] for v in mark.args[1]]
+    return list(dict.fromkeys(found))
+
+
+async def test_the_allow_list_judges_what_the_fetch_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For every URL the allow-list's tests spell, a POST parses it once: the Location
+    the allow-list judged is the very object the download then fetches."""
+    import aiohttp
+
+    from aioloader.cache.model_cache import ModelCache
+    from aioloader.daemon.allow import AllowList
+    from aioloader.daemon.config import DaemonConfig
+    from aioloader.daemon.server import Server
+    from aioloader.sources.hf import url as hf_url
+    from aioloader.sources.stores import Location
+
+    from . import test_daemon_allow, test_daemon_hf
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no fetch leaves this machine
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    prefixes = test_daemon_allow.ALLOW.prefixes + test_daemon_hf.HUB.prefixes
+    judged: list[Any] = []
+    fetched: list[Any] = []
+    _with_calls(monkeypatch, AllowList, "refusal", judged)
+    _with_calls(monkeypatch, ModelCache, "fetch", fetched)
+    parsed = _count_calls(monkeypatch, hf_url.parse_hf_url)
+    config = DaemonConfig(
+        host="127.0.0.1", port=0, cache_dir=tmp_path / "cache", no_auth=True,
+        allow_prefixes=prefixes, max_downloads=1000, grace_period=1.0,
+    )  # fmt: skip
+    server = Server(config)
+    serving = asyncio.get_running_loop().create_task(server.serve())
+    try:
+        while server.port is None:
+            assert not serving.done(), serving.result()
+            await asyncio.sleep(0.01)
+        api = f"http://127.0.0.1:{server.port}/v1/models"
+        accepted = 0
+        async with aiohttp.ClientSession() as client:
+            for url in _allow_list_urls():
+                judged.clear()
+                fetched.clear()
+                parsed.clear()
+                async with client.post(api, json={"url": url}) as response:
+                    status = response.status
+                # The str ones are the running fetches' requests (their url_policy).
+                posted = [j for j in judged if not isinstance(j, str)]
+                if status not in (202, 403):  # refused before any check (400, a 500 bug)
+                    assert posted == [] and fetched == [], url
+                    continue
+                assert len(posted) == 1, (url, judged)
+                (where,) = posted
+                assert isinstance(where, Location) and where.first == url.strip(), url
+                assert parsed.count(url) == (1 if url[:5].lower() == "hf://" else 0), url
+                if status == 403:
+                    continue
+                accepted += 1
+                for _ in range(500):
+                    if fetched:
+                        break
+                    await asyncio.sleep(0.01)
+                assert fetched and fetched[0] is where, url
+        assert accepted >= 20
+    finally:
+        server.request_exit()
+        await serving

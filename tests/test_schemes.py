@@ -50,7 +50,7 @@ async def test_the_cache_and_the_daemon_hold_the_remote_schemes(tmp_path: Path) 
     for scheme in SCHEMES:
         url = f"{scheme.display}host/org/model"
         if scheme.remote:
-            assert check_url(url) == url
+            assert check_url(url).url == url
         else:
             with pytest.raises(RequestError) as refused:
                 check_url(url)

@@ -29,11 +29,10 @@ from ..runtime.threads import run_blocking
 from ..runtime.turns import Turns
 from ..settings.options import LoadOptions
 from ..settings.values import Limits
-from ..sources.auto import scheme_of
 from ..sources.base import Blob, Landing, Source, aclose_all
 from ..sources.layout import resolve_layout
-from ..sources.schemes import listed, remote_names
-from ..sources.stores import Stores, locate
+from ..sources.schemes import listed
+from ..sources.stores import Location, Stores
 from .checksum import DigestMismatch, Published, md5_of_etag
 from .claim import Claim, claim
 from .entry import EntryFiles, Version, cache_error, key_of, version_of
@@ -311,25 +310,22 @@ class Fetcher:
 
 async def fetch_model(
     cache: CacheProtocol,
-    url: str | list[str],
+    where: Location,
     options: LoadOptions,
     progress: Progress | None,
     source_hook: SourceHook | None = None,
     on_file: OnFile | None = None,
 ) -> CachedModel:
-    """Make every file of the model at ``url`` complete in ``cache``; see ``ModelCache.fetch``."""
-    urls = [url] if isinstance(url, str) else url
-    if not urls:
-        raise ConfigError("an empty list of URLs was given; pass at least one file")
-    for u in urls:
-        if scheme_of(u) not in remote_names():
-            raise ConfigError(
-                f"{u} is not remote; the cache holds {listed(remote=True)} files only "
-                "(load local files directly)"
-            )
+    """Make every file of the model at ``where`` (its URL, parsed once by the caller)
+    complete in ``cache``; see ``ModelCache.fetch``."""
+    if not where.scheme.remote:
+        raise ConfigError(
+            f"{where.first} is not remote; the cache holds {listed(remote=True)} files only "
+            "(load local files directly)"
+        )
+    url = where.url if isinstance(where.url, str) else list(where.url)
     limits = options.limits
     assert limits is not None
-    where = locate(url)
     # A fetch owns its threads and sources (the daemon fetches without a Loader); it
     # reads the store itself, with no cache around it.
     stores = Stores(options)
@@ -348,7 +344,7 @@ async def fetch_model(
         try:
             model_path = await run_blocking(executor, lambda: links.create(cache.root))
         except OSError as exc:
-            raise cache_error(exc, cache.root, f"linking the files of {urls[0]}") from exc
+            raise cache_error(exc, cache.root, f"linking the files of {where.first}") from exc
         await cache.eviction.after_fetch(exclude, executor)
     finally:
         try:
@@ -358,7 +354,7 @@ async def fetch_model(
             await stores.aclose()
     downloaded = sum(d for _, d in results.values())
     return CachedModel(
-        url=url if isinstance(url, str) else urls[0],
+        url=where.first,
         path=model_path,
         files={u: str(cache.entry_files(u).data) for u in wanted},
         bytes=sum(size for size, _ in results.values()),

@@ -36,6 +36,7 @@ from ..settings.options import LoadKeywords, LoadOptions
 from ..settings.resolver import resolve
 from ..settings.table import CHECK_ETAG
 from ..sinks import commits
+from ..sources.stores import Location, locate
 from .entry import EntryFiles, Meta, cache_error, read_meta
 from .eviction import Eviction, list_entries
 from .fetch import OnFile, Progress, SourceHook, fetch_model
@@ -148,7 +149,7 @@ class ModelCache:
 
     async def fetch(
         self,
-        url: str | Sequence[str],
+        url: str | Sequence[str] | Location,
         *,
         progress: Progress | None = None,
         options: LoadOptions | None = None,
@@ -160,7 +161,8 @@ class ModelCache:
 
         Args:
             url: an ``http(s)://`` or ``s3://`` model, as ``load_model`` takes it (an
-                index, an S3 prefix, a file, or a list of file URLs).
+                index, an S3 prefix, a file, or a list of file URLs), or the ``Location``
+                ``locate`` parsed it into (the daemon's, which its allow-list judged).
             progress: called as ``progress(bytes_done, bytes_total)`` as bytes arrive.
             options, keywords: as for ``Loader``, those that say how to read
                 (``concurrency`` ranges of ``chunk_size`` bytes are downloaded at once;
@@ -182,7 +184,8 @@ class ModelCache:
             SourceError: the remote model could not be read (a partial download stays
                 in the cache and the next fetch resumes it).
         """
-        urls = (url,) if isinstance(url, str) else tuple(url)
+        where = url if isinstance(url, Location) else locate(url)  # parsed once, here
+        urls = (where.url,) if isinstance(where.url, str) else where.url
         flight = self._flights.get(urls)
         if flight is None or flight.task.done():
             for name in _NOT_FOR_FETCH:
@@ -195,7 +198,7 @@ class ModelCache:
             task = asyncio.get_running_loop().create_task(
                 fetch_model(
                     self,
-                    url if isinstance(url, str) else list(urls),
+                    where,
                     built,
                     progress,
                     source,

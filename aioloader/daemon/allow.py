@@ -1,7 +1,10 @@
 """The daemon's allow-list: which URLs it may fetch (pure; no I/O).
 
-A prefix and a URL are both parsed into scheme, host, port and path segments,
-and compared part by part, never as strings:
+What the daemon is asked to fetch arrives as a ``Location`` (sources/stores.py),
+parsed once by the POST (or the preload's check) and then handed to the fetch: the
+list judges that value, the same one the fetch reads. A prefix and a URL are
+compared in their normalised parts (sources/url_parts.py: scheme, host, port and
+path segments; a ``Location`` carries its own), part by part, never as strings:
 
 - scheme and host are lower-cased; a host is compared as written (no IDNA
   conversion either way, so a Unicode host and its ``xn--`` form differ: refused,
@@ -33,91 +36,35 @@ backslashes (``..%2f``), a percent sign still encoding something after decoding
 (``%252e``), backslashes and control characters: each can make a server, proxy or
 client library see another path or host than this check saw.
 
-The daemon checks every URL it is asked for, and passes the allow-list to its
+The daemon checks every location it is asked for, and passes the allow-list to its
 HTTP/S3 source as ``HttpOptions.url_policy``, which calls it on each shard an
-index names and each redirect target before sending a request there.
+index names and each redirect target (URLs the fetch made or was sent to, parsed
+here) before sending a request there.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from ..errors import AccessDeniedError, ConfigError
 from ..redact import redact
 from ..sources.hf.url import HfLocation, is_commit, parse_hf_url
+from ..sources.stores import Location, locate
+from ..sources.url_parts import DEFAULT_PORTS, UnsafeUrlError, UrlParts, url_parts
 
 __all__ = [
     "AllowList",
     "HfPrefix",
-    "Location",
     "UnsafeUrlError",
     "UrlNotAllowedError",
     "parse_hf_prefix",
-    "parse_location",
 ]
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-_ENCODED_SEPARATOR = re.compile(r"%(2f|5c)", re.IGNORECASE)
-_STILL_ENCODED = re.compile(r"%[0-9a-f]{2}", re.IGNORECASE)
-# "." and "..", also with a ";parameter" that some servers strip (Tomcat's "..;").
-_DOT_SEGMENT = re.compile(r"\.{1,2}(;.*)?")
-
-
-class UnsafeUrlError(ValueError):
-    """A URL whose meaning may change after this check (user info, dot segments ...)."""
 
 
 class UrlNotAllowedError(AccessDeniedError):
     """The daemon may not fetch this URL: it is outside the allowed prefixes or unsafe."""
-
-
-@dataclass(frozen=True)
-class Location:
-    """What a URL designates, normalised for comparison."""
-
-    scheme: str
-    host: str
-    port: int | None
-    segments: tuple[str, ...]
-
-    def within(self, prefix: Location) -> bool:
-        """Whether this location is ``prefix`` or below it, segment by segment."""
-        origin = (self.scheme, self.host, self.port)
-        same_origin = origin == (prefix.scheme, prefix.host, prefix.port)
-        return same_origin and self.segments[: len(prefix.segments)] == prefix.segments
-
-
-def parse_location(url: str) -> Location:
-    """The scheme, host, port and decoded path segments of ``url``.
-
-    Raises:
-        UnsafeUrlError: it has user info, dot segments, encoded separators, control
-            characters or backslashes, no host, or an invalid port.
-    """
-    if any(ord(c) <= 0x20 or c == "\x7f" for c in url):
-        raise UnsafeUrlError("it holds whitespace or a control character")
-    if "\\" in url.split("?", 1)[0]:
-        raise UnsafeUrlError("it holds a backslash")
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:  # an unbalanced "[" in the host, say
-        raise UnsafeUrlError(f"it cannot be parsed ({exc})") from None
-    if "@" in parts.netloc:
-        raise UnsafeUrlError("it names a user (user info before '@' is not allowed)")
-    host = (parts.hostname or "").lower()
-    if not host:
-        raise UnsafeUrlError("it names no host or bucket")
-    scheme = parts.scheme.lower()
-    try:
-        port = parts.port
-    except ValueError:
-        raise UnsafeUrlError("its port is not a number from 0 to 65535") from None
-    if port is None:
-        port = _DEFAULT_PORTS.get(scheme)
-    return Location(scheme, host, port, _segments(parts.path))
 
 
 @dataclass(frozen=True)
@@ -167,20 +114,6 @@ def _is_hf(url: str) -> bool:
     return url[:5].lower() == "hf://"
 
 
-def _segments(path: str) -> tuple[str, ...]:
-    if _ENCODED_SEPARATOR.search(path):
-        raise UnsafeUrlError("its path holds an encoded '/' or '\\' (%2F, %5C)")
-    decoded = unquote(path)
-    if any(ord(c) < 0x20 or c == "\x7f" for c in decoded) or "\\" in decoded:
-        raise UnsafeUrlError("its decoded path holds a control character or a backslash")
-    if _STILL_ENCODED.search(decoded):
-        raise UnsafeUrlError("its path is percent-encoded twice (such as %252e)")
-    segments = tuple(s for s in decoded.split("/") if s)
-    if any(_DOT_SEGMENT.fullmatch(s) for s in segments):
-        raise UnsafeUrlError("its path has a '.' or '..' segment (also as %2e)")
-    return segments
-
-
 class AllowList:
     """The URL prefixes the daemon may fetch from; empty: any URL.
 
@@ -193,11 +126,11 @@ class AllowList:
     def __init__(self, prefixes: Iterable[str] = ()) -> None:
         self.prefixes = tuple(prefixes)
         parsed = [self._parse_prefix(p) for p in self.prefixes]
-        self._locations = tuple(p for p in parsed if isinstance(p, Location))
+        self._locations = tuple(p for p in parsed if isinstance(p, UrlParts))
         self._hub = tuple(p for p in parsed if isinstance(p, HfPrefix))
 
     @staticmethod
-    def _parse_prefix(prefix: str) -> Location | HfPrefix:
+    def _parse_prefix(prefix: str) -> UrlParts | HfPrefix:
         if not isinstance(prefix, str):
             raise ConfigError(f"an allowed prefix must be a str, not {type(prefix).__name__}")
         if _is_hf(prefix):
@@ -206,7 +139,7 @@ class AllowList:
             except ConfigError as exc:
                 raise ConfigError(f"allowed prefix {prefix!r} is refused: {exc}") from None
         try:
-            location = parse_location(prefix)
+            location = url_parts(prefix)
         except UnsafeUrlError as exc:
             raise ConfigError(f"allowed prefix {redact(prefix)!r} is refused: {exc}") from None
         parts = urlsplit(prefix)
@@ -223,34 +156,41 @@ class AllowList:
     def __bool__(self) -> bool:
         return bool(self.prefixes)
 
-    def refusal(self, url: str) -> str | None:
-        """Why ``url`` may not be fetched, or None when it may."""
+    def refusal(self, where: Location | str) -> str | None:
+        """Why ``where`` may not be fetched, or None when it may.
+
+        A ``Location`` (what the daemon was asked for) is judged by the place on the
+        Hub or the parts it carries, the value its fetch then reads; a str (a URL a
+        fetch is about to request: a shard, a redirect target) is parsed here.
+        """
         if not self.prefixes:
             return None
+        url = where if isinstance(where, str) else where.first
         if _is_hf(url):
             try:
-                hub = parse_hf_url(url)
+                hub = parse_hf_url(url) if isinstance(where, str) else where.hf
             except ConfigError as exc:
                 return f"it is not a well-formed hf:// URL ({exc})"
-            if any(prefix.allows(hub) for prefix in self._hub):
+            if hub is not None and self._allows(hub):
                 return None
             return "it is outside the allowed prefixes"
         try:
-            location = parse_location(url)
+            location = url_parts(url) if isinstance(where, str) else where.parts
         except UnsafeUrlError as exc:
             return str(exc)
         if any(location.within(prefix) for prefix in self._locations):
             return None
         return "it is outside the allowed prefixes"
 
-    def check(self, url: str) -> None:
-        """Return if the daemon may fetch ``url``.
+    def check(self, where: Location | str) -> None:
+        """Return if the daemon may fetch ``where`` (see ``refusal``).
 
         Raises:
             UrlNotAllowedError: it may not; the message names the URL (redacted).
         """
-        reason = self.refusal(url)
+        reason = self.refusal(where)
         if reason is not None:
+            url = where if isinstance(where, str) else where.first
             raise UrlNotAllowedError(
                 f"{url} may not be fetched: {reason}; ask the operator to add its prefix "
                 "to --allow-prefix / AIOLOADER_ALLOW_PREFIXES (each shard and redirect "
@@ -259,37 +199,42 @@ class AllowList:
 
     __call__ = check
 
-    def for_fetch(self, asked: str) -> Callable[[str], None]:
-        """The policy of one fetch of ``asked``, a URL this list allows.
+    def for_fetch(self, asked: Location | str) -> Callable[[str], None]:
+        """The policy of one fetch of ``asked``, a location this list allows (a str is
+        located here).
 
         It is this list, and for an hf:// model it also lets the fetch read its own
         repository at a commit sha wherever the revision it asked for is allowed
         (the source reads a branch's or tag's files at the commit it resolved to),
         and follow the Hub's redirects to its storage host (see the module docstring).
         """
-        if not self.prefixes or not _is_hf(asked):
+        origin = (asked if isinstance(asked, Location) else locate(asked)).hf
+        if not self.prefixes or origin is None:
             return self.check
-        origin = parse_hf_url(asked)
 
         def check(url: str) -> None:
             if not _is_hf(url):
                 _check_hub_redirect(url)
                 return
-            if self.refusal(url) is not None:
-                try:
-                    location = parse_hf_url(url)
-                except ConfigError:
-                    location = None
-                if (
-                    location is not None
-                    and location.repo_id.lower() == origin.repo_id.lower()
-                    and is_commit(location.revision)
-                    and self.refusal(location.at(revision=origin.revision).url()) is None
-                ):
-                    return
-            self.check(url)
+            try:
+                place = parse_hf_url(url)
+            except ConfigError:
+                place = None
+            if place is not None and (
+                self._allows(place)
+                or (
+                    place.repo_id.lower() == origin.repo_id.lower()
+                    and is_commit(place.revision)
+                    and self._allows(place.at(revision=origin.revision))
+                )
+            ):
+                return
+            self.check(url)  # refused: raises, naming why
 
         return check
+
+    def _allows(self, place: HfLocation) -> bool:
+        return any(prefix.allows(place) for prefix in self._hub)
 
 
 def _check_hub_redirect(url: str) -> None:
@@ -300,12 +245,12 @@ def _check_hub_redirect(url: str) -> None:
         UrlNotAllowedError: it is not.
     """
     try:
-        location = parse_location(url)
+        location = url_parts(url)
     except UnsafeUrlError as exc:
         raise UrlNotAllowedError(
             f"{url}, where the Hub redirected, may not be fetched: {exc}"
         ) from None
-    if location.scheme not in _DEFAULT_PORTS:
+    if location.scheme not in DEFAULT_PORTS:
         raise UrlNotAllowedError(
             f"{url}, where the Hub redirected, may not be fetched: not an http(s) URL"
         )

@@ -46,8 +46,8 @@ from ..cache.entry import key_of
 from ..errors import CacheError, ClosedError, ConfigError, LoaderError
 from ..redact import redacting_logger
 from ..sources.auto import scheme_of
-from ..sources.hf.url import parse_hf_url
 from ..sources.schemes import listed, remote_names
+from ..sources.stores import Location, locate
 from ..swarm.proof import REQUEST_HEADER
 from .allow import AllowList
 from .downloads import Downloads
@@ -108,8 +108,9 @@ class RequestError(Exception):
         return web.json_response(body, status=self.status)
 
 
-def check_url(url: object, allow: AllowList | None = None) -> str:
-    """``url`` if the daemon may fetch it (``allow``: None or empty, any remote URL).
+def check_url(url: object, allow: AllowList | None = None) -> Location:
+    """``url``, parsed once, if the daemon may fetch it (``allow``: None or empty, any
+    remote URL): the ``Location`` the allow-list judged, which the fetch then reads.
 
     Raises:
         RequestError: 400 when it is not a remote model URL, 403 when outside the allow-list.
@@ -127,7 +128,11 @@ def check_url(url: object, allow: AllowList | None = None) -> str:
             f"the URL holds whitespace or a control character ({url[bad]!r} at position "
             f"{bad}); percent-encode it (a newline is %0A, a space %20)",
         )
-    scheme = scheme_of(url)
+    try:
+        where: Location | None = locate(url)
+    except ConfigError as exc:  # a scheme no backend reads, a malformed hf:// URL ...
+        where, malformed = None, exc
+    scheme = scheme_of(url) if where is None else where.scheme.name
     if scheme not in remote_names():
         raise RequestError(
             400,
@@ -141,12 +146,9 @@ def check_url(url: object, allow: AllowList | None = None) -> str:
         raise RequestError(400, "bad_url", f"{display_url(url)}: {exc}") from None
     if not netloc:
         raise RequestError(400, "bad_url", f"{display_url(url)}: the URL names no host or bucket")
-    if scheme == "hf":
-        try:
-            parse_hf_url(url)
-        except ConfigError as exc:
-            raise RequestError(400, "bad_url", str(exc)) from None
-    reason = allow.refusal(url) if allow is not None else None
+    if where is None:
+        raise RequestError(400, "bad_url", str(malformed))
+    reason = allow.refusal(where) if allow is not None else None
     if reason is not None:
         raise RequestError(
             403,
@@ -154,7 +156,7 @@ def check_url(url: object, allow: AllowList | None = None) -> str:
             f"{display_url(url)} may not be fetched: {reason}; ask the operator to add its "
             "prefix to --allow-prefix / AIOLOADER_ALLOW_PREFIXES",
         )
-    return url
+    return where
 
 
 @web.middleware
@@ -308,7 +310,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
 async def add_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     body = await _body(request)
-    url = check_url(body.get("url"), state.allow)
+    where = check_url(body.get("url"), state.allow)
+    url = where.first
     model_id = body.get("id")
     if model_id is not None and (not isinstance(model_id, str) or not ID_PATTERN.match(model_id)):
         raise RequestError(
@@ -328,7 +331,7 @@ async def add_model(request: web.Request) -> web.Response:
             409, "conflict", f"this URL is already held as {existing.id!r}", id=existing.id
         )
     try:
-        record = state.registry.add(url, model_id)
+        record = state.registry.add(where, model_id)
     except KeyError:
         raise RequestError(
             409, "conflict", f"the id {model_id!r} already names another URL; pick another id"

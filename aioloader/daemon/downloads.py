@@ -270,7 +270,7 @@ class Downloads:
         try:
             http = self._http
             if self._allow:
-                http = dataclasses.replace(http, url_policy=self._allow.for_fetch(record.url))
+                http = dataclasses.replace(http, url_policy=self._allow.for_fetch(record.where))
             kwargs: dict[str, Any] = {"progress": progress, "http": http}
             if self._concurrency is not None:
                 kwargs["concurrency"] = self._concurrency
@@ -285,7 +285,7 @@ class Downloads:
                     display_url(record.url),
                     record.id,
                 )
-                cached = await self._cache.fetch(record.url, **kwargs)
+                cached = await self._cache.fetch(record.where, **kwargs)
             if record.preload and self._pins is not None:
                 cached = await self._pin(record, cached, kwargs)
             if self._after_fetch is not None:
@@ -326,7 +326,7 @@ class Downloads:
         """The cache's fetch, through the peers when there are any; counts where the
         model's bytes came from."""
         if self._coordinator is None:
-            return await self._cache.fetch(record.url, **kwargs)
+            return await self._cache.fetch(record.where, **kwargs)
         from ..swarm.manifest import model_key
 
         try:
@@ -355,7 +355,7 @@ class Downloads:
         assert self._pins is not None
         if await self._pins.pin(record.id, list(cached.files)):
             return cached
-        cached = await self._cache.fetch(record.url, **kwargs)
+        cached = await self._cache.fetch(record.where, **kwargs)
         if not await self._pins.pin(record.id, list(cached.files)):
             raise CacheError(
                 f"{display_url(record.url)} was evicted from the cache as soon as it was "

@@ -163,9 +163,10 @@ class Server:
                 "or pass --no-auth to say this is intended",
             )
         allow = AllowList(config.allow_prefixes)
+        checked = {}  # each preload's Location, as the allow-list judged it
         for url in config.models:
             try:
-                check_url(url, allow)
+                checked[url] = check_url(url, allow)
             except RequestError as exc:
                 raise StartupError(f"preload model {display_url(url)!r}: {exc.detail}") from None
         with Lane("startup", 1) as lane:
@@ -224,7 +225,7 @@ class Server:
                 logger.info("listening on http://%s:%s (%r)", config.host, self.port, config)
                 priorities = dict(config.priorities)
                 preloads = [
-                    registry.add(url, preload=True, priority=priorities.get(url, 0))
+                    registry.add(checked[url], preload=True, priority=priorities.get(url, 0))
                     for url in config.models
                 ]
                 # Submitted highest first, so the first free slots go to them too.

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from ..redact import redact
+from ..sources.stores import Location, locate
 
 __all__ = ["ModelRecord", "Registry", "Status", "display_url", "model_id_for"]
 
@@ -59,10 +60,15 @@ def model_id_for(url: str) -> str:
 
 @dataclass
 class ModelRecord:
-    """One model: where it comes from and how far its download got."""
+    """One model: where it comes from and how far its download got.
+
+    ``where`` is its URL as the daemon checked it (app.py's ``check_url``), the value
+    the allow-list judged and its fetch reads.
+    """
 
     id: str
     url: str
+    where: Location = field(repr=False, compare=False)
     status: Status = "queued"
     bytes_done: int = 0
     bytes_total: int | None = None
@@ -184,20 +190,31 @@ class Registry:
         return f"<Registry {counts}>"
 
     def add(
-        self, url: str, model_id: str | None = None, *, preload: bool = False, priority: int = 0
+        self,
+        where: Location | str,
+        model_id: str | None = None,
+        *,
+        preload: bool = False,
+        priority: int = 0,
     ) -> ModelRecord:
-        """The record of ``url``, created if new (a known one keeps its priority).
+        """The record of ``where``, created if new (a known one keeps its priority, and
+        takes ``where``, checked again, for its next fetch); a str is located here.
 
         Raises:
             KeyError: ``model_id`` already names another URL.
         """
+        if isinstance(where, str):
+            where = locate(where)
+        url = where.first
         known = self._by_url.get(url)
         if known is not None:
-            return self._by_id[known]
+            record = self._by_id[known]
+            record.where = where
+            return record
         model_id = model_id or model_id_for(url)
         if model_id in self._by_id:
             raise KeyError(model_id)
-        record = ModelRecord(id=model_id, url=url, preload=preload, priority=priority)
+        record = ModelRecord(id=model_id, url=url, where=where, preload=preload, priority=priority)
         self._by_id[model_id] = record
         self._by_url[url] = model_id
         return record

@@ -42,10 +42,8 @@ from ..redact import redact, redacting_logger
 from ..runtime.tasks import gather
 from ..runtime.threads import Lane, run_blocking
 from ..settings.options import LoadKeywords, LoadOptions
-from ..sources.auto import scheme_of
 from ..sources.base import Blob, Source
 from ..sources.digests import Digest
-from ..sources.schemes import remote_names
 from ..sources.stores import Stores, locate
 from .daemon_client import DaemonClient, DaemonRecord
 from .dest import PARTIAL_PREFIX, RECORD, Destination, dest_error
@@ -299,7 +297,7 @@ async def copy_folder(
     # The copy reads the store itself (or the daemon's copy): no node cache around it.
     async with contextlib.AsyncExitStack() as exits:
         held = None
-        if daemon is not None and scheme_of(src) in remote_names():
+        if daemon is not None and where.scheme.remote:
             client = await exits.enter_async_context(DaemonClient(daemon, token, daemon_wait))
             held = client, (await client.ready(src, progress)).id
         elif daemon is not None:

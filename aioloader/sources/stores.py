@@ -2,9 +2,14 @@
 
 ``locate`` parses a URL (or a list of file URLs) once into a ``Location``: its
 scheme's row (schemes.py), its store and, for one ``hf://`` URL, its place on the
-Hub; that is what travels on. ``Stores`` keeps one Source per store (``store_of``:
-an Azure account's SAS or token must not reach another host), built on first use
-from the settings, and closes them, then its lanes when it made them.
+Hub; that is what travels on, from the edge (the API, the CLI, the daemon's POST,
+the integrations) down to the Source. A check judges that value too: the daemon's
+allow-list reads its place on the Hub, or its normalised ``parts`` (url_parts.py),
+worked out once and carried on it. ``Stores`` keeps one Source per store
+(``store_of``: an Azure account's SAS or token must not reach another host), built
+on first use from the settings, hands an ``hf://`` location's place to its source
+(which then reads it rather than parse the URL again), and closes them, then its
+lanes when it made them.
 
 This is what reads a store as it is (a fetch, a folder copy, an inspection); the
 caches a load reads through are layered on top by aioloader/load/stack.py.
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ConfigError
@@ -23,6 +29,7 @@ from ..settings.options import LoadOptions
 from .auto import scheme_of, source_for, store_of, unsupported
 from .base import Source
 from .schemes import Scheme, scheme_named
+from .url_parts import UrlParts, url_parts
 
 if TYPE_CHECKING:
     from .hf.source import HfSource
@@ -57,6 +64,24 @@ class Location:
     def on_hub(self, hf: HfLocation) -> Location:
         """The same load at another place on the Hub (a revision pinned to its commit)."""
         return replace(self, url=hf.url(), hf=hf)
+
+    @classmethod
+    def of_hub(cls, hf: HfLocation) -> Location:
+        """The location of a place on the Hub, parsed already (no URL read again)."""
+        row = scheme_named("hf")
+        assert row is not None
+        return cls(hf.url(), row, "hf", hf)
+
+    @cached_property
+    def parts(self) -> UrlParts:
+        """The first URL's scheme, host, port and path segments, normalised for
+        comparison (url_parts.py); worked out on first use, then kept.
+
+        Raises:
+            UnsafeUrlError: the URL's meaning may change after a check (user info, dot
+                segments, encoded separators, control characters, backslashes).
+        """
+        return url_parts(self.first)
 
 
 def locate(url: URL) -> Location:
@@ -126,6 +151,8 @@ class Stores(AsyncResource):
                 s3=self.options.s3,
                 hf_check=check,
             )
+        if where.hf is not None:  # its reads of where.first take this place, parsed once
+            cast("HfSource", source).know(where.first, where.hf)
         return source
 
     def hub(self, where: Location) -> HfSource:

@@ -112,6 +112,9 @@ class HfCacheWrites(Source):
     def join(self, base: str, name: str) -> str:
         return self.inner.join(base, name)
 
+    def parent(self, url: str) -> str:
+        return self.inner.parent(url)
+
     async def open(self, url: str) -> Blob:
         opened = await self.inner.open_file(url)
         settings, snapshot = opened.settings, opened.snapshot

@@ -35,7 +35,7 @@ from ...settings.resolver import resolve
 from ...settings.table import AZURE_IDENTITY
 from ..http.signer import reason_of
 from .settings import AzureSettings
-from .url import Location
+from .url import AzureBlobAddress
 
 __all__ = ["API_VERSION", "AzureSigner"]
 
@@ -64,7 +64,7 @@ class AzureSigner:
         self._mode: str | None = None
         self._settings = AzureSettings()
 
-    async def setup(self, where: Location) -> None:
+    async def setup(self, where: AzureBlobAddress) -> None:
         async with self._lock:
             if self._mode is not None:
                 return
@@ -98,7 +98,7 @@ class AzureSigner:
                 self._mode = "anonymous"
                 self.described = "anonymously (no SAS, account key or Azure identity is configured)"
 
-    async def query(self, where: Location) -> str:
+    async def query(self, where: AzureBlobAddress) -> str:
         """The SAS query to add to requests for ``where``'s container ('' for none)."""
         if self._mode == "url":
             return where.url_sas
@@ -163,7 +163,7 @@ def _default_credential() -> Any:
     return DefaultAzureCredential()
 
 
-def _container_sas(where: Location, key: str | None) -> str:
+def _container_sas(where: AzureBlobAddress, key: str | None) -> str:
     try:
         from azure.storage.blob import ContainerSasPermissions, generate_container_sas
     except ImportError as exc:

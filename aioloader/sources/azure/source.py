@@ -32,7 +32,7 @@ from ..http.store import HttpStore
 from ..http.transport import transport_errors
 from ..verifying import open_beside, verifying
 from .signer import AzureSigner
-from .url import Location, with_query
+from .url import AzureBlobAddress, with_query
 
 __all__ = ["AzureSource"]
 
@@ -59,7 +59,7 @@ class AzureSource(Source):
         return self._store.statistics()
 
     async def list_dir(self, url: str) -> list[str] | None:
-        where = Location(url)
+        where = AzureBlobAddress(url)
         await self._signer.setup(where)
         prefix = prefix_to_list(where.name)
         if prefix is None:
@@ -96,7 +96,7 @@ class AzureSource(Source):
                 return listed(names, where.name)
 
     async def open(self, url: str) -> Blob:
-        where = Location(url)
+        where = AzureBlobAddress(url)
         await self._signer.setup(where)
         if not where.name:
             raise SourceError(f"{redact(url)} names a container, not a blob or a prefix/")

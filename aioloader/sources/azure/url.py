@@ -9,7 +9,7 @@ from ...redact import redact
 from ..bucket_url import split_bucket_url
 from .settings import SUFFIX, AzureSettings
 
-__all__ = ["Location", "azure_store", "is_azure_url", "with_query"]
+__all__ = ["AzureBlobAddress", "azure_store", "is_azure_url", "with_query"]
 
 
 def is_azure_url(url: str) -> bool:
@@ -31,7 +31,7 @@ def azure_store(url: str) -> str:
     return f"{parsed.scheme.lower()}://{parsed.netloc.lower()} {host.removesuffix(SUFFIX)}"
 
 
-class Location:
+class AzureBlobAddress:
     """Where a URL's blob lives: endpoint, account, container, name, and a SAS in the URL.
 
     ``az://container/path`` is in the account the environment names;

@@ -43,7 +43,7 @@ from .revision import NoAnswer, RevisionCheck, ask_commit
 from .signer import HubSigner
 from .snapshot import Snapshot
 from .tree import bad_path
-from .url import HfLocation, is_commit, parse_hf_url
+from .url import HfLocation, is_commit, parse_hf_url, reads_back
 
 __all__ = ["HfFile", "HfSource"]
 
@@ -51,6 +51,8 @@ logger = redacting_logger(__name__)
 
 # Snapshots of commits kept for the files a layout joins (a commit never changes).
 _KEPT_SNAPSHOTS = 64
+# Places on the Hub kept by their URL: those handed in (``know``) and those joined.
+_KEPT_PLACES = 1024
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class HfSource(Source):
         self._online: HubSettings | None = None
         self._snapshots: OrderedDict[tuple[str, str], Snapshot] = OrderedDict()
         self._pins: dict[tuple[str, str], str] = {}
+        self._places: OrderedDict[str, HfLocation] = OrderedDict()
         self._local: FileSource | None = None
         self._closed = False
 
@@ -227,8 +230,21 @@ class HfSource(Source):
         while len(self._snapshots) > _KEPT_SNAPSHOTS:
             self._snapshots.popitem(last=False)
 
+    def know(self, url: str, place: HfLocation) -> None:
+        """``url``'s place on the Hub, parsed already (a ``Location``'s, stores.py): the
+        reads of ``url`` take it rather than parse the URL again."""
+        self._places[url] = place
+        self._places.move_to_end(url)
+        while len(self._places) > _KEPT_PLACES:
+            self._places.popitem(last=False)
+
+    def _place(self, url: str) -> HfLocation:
+        """``url``'s place: as handed in or joined here, else parsed (a URL from elsewhere)."""
+        place = self._places.get(url)
+        return parse_hf_url(url) if place is None else place
+
     async def list_dir(self, url: str) -> list[str] | None:
-        location = parse_hf_url(url)
+        location = self._place(url)
         return (await self._snapshot(location)).names_in(location.path)
 
     async def open(self, url: str) -> Blob:
@@ -242,7 +258,7 @@ class HfSource(Source):
             NotFoundError: no such file at that commit (offline: not in the cache).
             SourceError: the Hub's download is not the size its listing gave.
         """
-        location = parse_hf_url(url)
+        location = self._place(url)
         snapshot = await self._snapshot(location)
         settings = await self._settings_now()
         cache = HfCache(settings.cache, location.repo_id)
@@ -280,7 +296,7 @@ class HfSource(Source):
     async def publisher_digest(self, url: str) -> Digest | None:
         """The blob id the Hub lists for ``url`` at its commit (the LFS sha256 of a weight
         file, the git blob sha1 of a small one): from the listing, no file bytes."""
-        location = parse_hf_url(url)
+        location = self._place(url)
         snapshot = await self._snapshot(location)
         if location.path not in snapshot.files:
             return None
@@ -288,12 +304,25 @@ class HfSource(Source):
         size = snapshot.size_of(location.path)
         return hub_digest(snapshot.ids.get(location.path, ""), size, where)
 
+    def parent(self, url: str) -> str:
+        folder = super().parent(url)
+        place = self._places.get(url)
+        if place is not None and place.path:  # the folder of a place known: known too
+            up = place.at(path=place.path.rpartition("/")[0])
+            if up.url() == folder and reads_back(up, folder):
+                self.know(folder, up)
+        return folder
+
     def join(self, base: str, name: str) -> str:
         # Files named after a listing are read at the commit the listing saw.
-        location = parse_hf_url(base)
+        location = self._place(base)
         sha = self._pins.get((location.repo_id, location.revision), location.revision)
         path = f"{location.path}/{name}" if location.path else name
-        return location.at(revision=sha, path=path).url()
+        joined = location.at(revision=sha, path=path)
+        url = joined.url()
+        if reads_back(joined, url):
+            self.know(url, joined)
+        return url
 
     async def aclose(self) -> None:
         self._closed = True

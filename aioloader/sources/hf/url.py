@@ -16,7 +16,7 @@ from urllib.parse import quote, unquote
 
 from ...errors import ConfigError
 
-__all__ = ["DEFAULT_REVISION", "MAX_URL", "HfLocation", "is_commit", "parse_hf_url"]
+__all__ = ["DEFAULT_REVISION", "MAX_URL", "HfLocation", "is_commit", "parse_hf_url", "reads_back"]
 
 DEFAULT_REVISION = "main"
 MAX_URL = 4096
@@ -114,6 +114,20 @@ def parse_hf_url(url: object) -> HfLocation:
         if problem:
             raise ConfigError(f"{url}: the path segment {segment!r} {problem}; {_HINT}")
     return HfLocation(f"{owner}/{name}", revision, "/".join(tail))
+
+
+def reads_back(location: HfLocation, url: str) -> bool:
+    """Whether ``parse_hf_url(url)`` gives ``location``, for ``url = location.url()``
+    where ``location``'s repository was parsed already: the URL is not too long and its
+    revision and every path segment pass the checks above (a name joined from a
+    listing or an index may not: that URL is then parsed, and refused, when read)."""
+    segments = location.path.split("/") if location.path else []
+    return (
+        len(url) <= MAX_URL
+        and location.revision != "refs"  # "@refs/pr/1/x" reads as the ref refs/pr/1
+        and _revision_problem(location.revision) is None
+        and all(_segment_problem(segment) is None for segment in segments)
+    )
 
 
 def _revision_problem(revision: str) -> str | None:
