@@ -72,12 +72,6 @@ class SourceError(LoaderError):
     """The storage holding the weights could not be listed, opened or read."""
 
 
-class DetourError(SourceError):
-    """A file cannot come from where it was being read (a swarm's followed node went
-    away): a fetch lets its other files finish, then raises it, and the file comes
-    another way on the next try."""
-
-
 class NotFoundError(SourceError, FileNotFoundError):
     """A file, shard or object does not exist."""
 

@@ -222,7 +222,7 @@ def test_listed_peers_that_fetch_nothing_leave_the_split_in_one_try(
 def _kill_the_leader_halfway(fleet: Fleet, origin: Origin, model: Model) -> list[int]:
     """Every node of ``fleet`` (started) asks for the model; once the origin has sent
     half of it, the node pulling a file not offered yet is killed; the survivors."""
-    from aioloader.swarm.deal import Plan
+    from aioloader.swarm.deal import Deal
     from aioloader.swarm.manifest import model_key
 
     url = _url(origin, model)
@@ -230,14 +230,14 @@ def _kill_the_leader_halfway(fleet: Fleet, origin: Origin, model: Model) -> list
     for i in range(len(fleet)):
         fleet.post(i, url, "llm")
     fleet.wait_for(fleet[0], lambda _: origin.paused, 60, "the origin to hold halfway")
-    # The nodes deal the files out alike (swarm/plan.py): kill the puller of a shard
+    # The nodes deal the files out alike (swarm/deal.py): kill the puller of a shard
     # nobody offers yet (the origin holds its reads).
     ids = {}
     for node in fleet.nodes:
         status, body = node.get("/v1/swarm/node")
         assert status == 200, body
         ids[body["node"]] = node.index
-    plan = Plan(model_key(url), "", sorted(ids), {})
+    plan = Deal(model_key(url), "", sorted(ids), {})
     shards = [p.name for p in model.shards]
     plan.expect(shards)  # as the daemons deal them: the index, routed first, apart
     offered = set()

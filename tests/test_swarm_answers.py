@@ -15,7 +15,7 @@ from aiohttp import web
 pytest.importorskip("libtorrent")
 
 from aioloader.swarm.coordinator import Coordinator
-from aioloader.swarm.follower import Answer
+from aioloader.swarm.followed import Answer
 from aioloader.swarm.manifest import FileOffer, Manifest, model_key
 from aioloader.swarm.torrents import info_hash, make_torrent
 

@@ -53,12 +53,12 @@ def test_the_files_of_a_cold_split_are_dealt_out_evenly_and_alike() -> None:
     set the cluster's pace); the deal gives each node one, every node computes the same
     deal whatever order it names the files in, and a file routed before the deal (the
     index, read to find the shards) keeps its node."""
-    from aioloader.swarm.deal import Plan
+    from aioloader.swarm.deal import Deal
 
     key = model_key("s3://bucket/llm/model.safetensors.index.json")
     nodes = [f"node{i}" for i in range(8)]
     shards = [f"model-{i:05d}-of-00008.safetensors" for i in range(1, 9)]
-    alone = Plan(key, "node0", nodes, {})
+    alone = Deal(key, "node0", nodes, {})
     assert (
         max(sum(alone.leader(s) == n for s in shards) for n in nodes) > 1
     )  # what the deal mends, for this key
@@ -66,18 +66,69 @@ def test_the_files_of_a_cold_split_are_dealt_out_evenly_and_alike() -> None:
     first = ranked(f"{key}/{index}", nodes)[0]
     deals = []
     for names in (shards, shards[::-1]):
-        plan = Plan(key, first, nodes, {})  # the node that pulls the index: no Follower
-        assert plan(index) is None  # routed first, as the fetch reads it first
+        plan = Deal(key, first, nodes, {})  # the node that pulls the index: no lead
+        assert plan.route(index) is None  # routed first, as the fetch reads it first
         plan.expect([index, *names])
         deals.append({s: plan.leader(s) for s in shards})
         assert plan.leader(index) == first
     assert deals[0] == deals[1]
     assert sorted(deals[0].values()) == nodes
     # Twelve files over five nodes: two or three each.
-    plan = Plan(key, "node0", nodes[:5], {})
+    plan = Deal(key, "node0", nodes[:5], {})
     plan.expect([f"f{i}" for i in range(12)])
     counts = [sum(plan.leader(f"f{i}") == n for i in range(12)) for n in nodes[:5]]
     assert sorted(counts) == [2, 2, 2, 3, 3]
+
+
+def test_the_deal_is_a_function_of_the_answers_and_this_nodes_id() -> None:
+    """Who pulls what, from plain values: a holder is followed for every file (the
+    lowest id of several), with this node's share of its pieces; without one the nodes
+    that answered, but those following a holder and the dead, split the files, and a
+    file a node lists already (a torrent, or pulling) is followed there."""
+    from aioloader.swarm.asking import Answer
+    from aioloader.swarm.deal import deal
+    from aioloader.swarm.manifest import FileOffer, Manifest
+
+    key = model_key("s3://bucket/llm/model.safetensors.index.json")
+
+    def answer(node: str, state: str | None, *files: FileOffer) -> Answer:
+        swarm = f"10.0.0.{len(node)}:{6000 + int(node[-1])}"
+        manifest = Manifest(key, "u", node, swarm, state, files) if state else None  # type: ignore[arg-type]
+        return Answer(f"api-{node}", node, manifest, swarm)
+
+    holders = [answer("n3", "complete"), answer("n2", "complete"), answer("n4", None)]
+    whole = deal(key, "n1", holders, set())
+    assert whole.whole == "n2" and whole.cohort == ["n1"] and set(whole.leads) == {"n2"}
+    assert whole.route("any.safetensors") == "n2"
+    # n1's share of n2's pieces among the nodes that answered: n1, n3, n4 follow n2.
+    assert whole.leads["n2"].share == (0, 3)
+    assert sorted(whole.leads["n2"].others) == ["10.0.0.2:6003", "10.0.0.2:6004"]
+    flipped = deal(key, "n1", list(reversed(holders)), set())
+    assert (flipped.whole, flipped.leads["n2"].share) == ("n2", (0, 3))
+    assert sorted(flipped.leads["n2"].others) == sorted(whole.leads["n2"].others)
+    # n2 dead: n3 holds it.
+    assert deal(key, "n1", holders, {"n2"}).whole == "n3"
+
+    shard = FileOffer("a.safetensors", "u/a.safetensors", 10, '"e"', info_hash="ab" * 32)
+    cold = [
+        answer("n2", "fetching", shard),
+        answer("n3", "following"),
+        answer("n4", None),
+        answer("n5", "fetching"),
+    ]
+    split = deal(key, "n1", cold, {"n5"})
+    assert split.whole is None
+    assert split.cohort == ["n1", "n2", "n4"]  # the follower of a holder, the dead: out
+    assert set(split.leads) == {"n2", "n4"}
+    assert split.route("a.safetensors") == "n2"  # listed with its torrent there
+    names = [f"model-{i}.safetensors" for i in range(6)]
+    split.expect(names)
+    pullers = [split.leader(n) for n in names]
+    assert sorted(pullers) == ["n1", "n1", "n2", "n2", "n4", "n4"]
+    again = deal(key, "n1", list(reversed(cold)), {"n5"})
+    again.expect(list(reversed(names)))
+    assert [again.leader(n) for n in names] == pullers
+    assert [split.route(n) for n in names] == [None if p == "n1" else p for p in pullers]
 
 
 # -- peers ---------------------------------------------------------------------------

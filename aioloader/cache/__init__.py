@@ -10,7 +10,8 @@ load's bytes into its entry: the cache's sink, sinks/), commit.py (completing
 entries after a load), protocol.py (what the writers need of the
 cache), links.py (a fetched model's folder of links), paths.py (nothing is written
 outside the cache folder), checksum.py and verify.py (checksums of entries),
-removal.py, and eviction.py (the size cap and eviction).
+removal.py, eviction.py (the size cap and eviction), and supply.py (where a fetch's
+files come from other than their origin: the swarm's one seam into the cache).
 """
 
 from __future__ import annotations

@@ -14,13 +14,12 @@ files included.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
-from ..errors import CacheError, ConfigError, DetourError, DigestMismatchError
+from ..errors import CacheError, ConfigError, DigestMismatchError, LoaderError
 from ..reads.ranges import split
 from ..redact import redacting_logger
 from ..runtime.pace import PACE, Pace
@@ -29,7 +28,7 @@ from ..runtime.threads import run_blocking
 from ..runtime.turns import Turns
 from ..settings.options import LoadOptions
 from ..settings.values import Limits
-from ..sources.base import Blob, Landing, Source, aclose_all
+from ..sources.base import Blob, Source, aclose_all
 from ..sources.layout import resolve_layout
 from ..sources.schemes import listed
 from ..sources.stores import Location, Stores
@@ -41,16 +40,13 @@ from .locks import acquire
 from .partial import PartialFile
 from .protocol import CacheProtocol
 from .records import CachedModel
+from .supply import Arrival, Delivery, Supply, Supplying
 
-__all__ = ["PACE", "OnFile", "Pace", "Progress", "SourceHook", "fetch_model"]
+__all__ = ["PACE", "Pace", "Progress", "Supply", "fetch_model"]
 
 logger = redacting_logger(__name__)
 
 Progress = Callable[[int, int], None]
-SourceHook = Callable[[Source, Executor], Source]
-"""Given the URL's store and the fetch's cache lane, the Source to read the files from."""
-OnFile = Callable[[str, Path, Version], Awaitable[None]]
-"""Awaited once a file's entry is committed by this fetch: (URL, its data, its version)."""
 
 
 def _etag_is_not_a_digest(headers: Mapping[str, str]) -> bool:
@@ -85,10 +81,10 @@ class Fetcher:
         limits: Limits,
         meter: Meter,
         exclude: set[str],
-        on_file: OnFile | None = None,
+        supply: Supply,
     ) -> None:
         self.cache = cache
-        self.on_file = on_file
+        self.supply = supply  # where files come from other than the origin (supply.py)
         self.exclude = exclude  # the entries of this fetch: never evicted to make room
         self.source = source
         self.executor = executor
@@ -104,22 +100,28 @@ class Fetcher:
         """Every file complete; returns url -> (size, bytes downloaded)."""
         blobs: dict[str, Blob] = {}
         results: dict[str, tuple[int, int]] = {}
-        detours: list[DetourError] = []
+        detours: list[LoaderError] = []
 
         async def one(place: int, url: str) -> None:
             # Each file goes on once it is open, not once every file is: a file another
             # node lists only once it has a file from this one (a swarm) must not wait
             # for this node's other files.
             try:
-                await self.source.ready(url)
+                delivery = await self.supply.delivery(url, self.source, self.executor)
                 async with self.limiter.turn((-1, 0)):
-                    blob = blobs[url] = await self.source.open(url)
+                    if delivery is not None:
+                        blob = blobs[url] = delivery.blob
+                    else:
+                        opened = await self.source.open(url)
+                        blob = blobs[url] = self.supply.from_origin(opened)
                 self.meter.total += blob.size
-                results[url] = (blob.size, await self._file(blob, place))
-            except DetourError as exc:  # the others finish first (their reads are not lost)
-                detours.append(exc)
+                results[url] = (blob.size, await self._file(blob, delivery, place))
+            except LoaderError as exc:
+                if not self.supply.detour(exc):
+                    raise
+                detours.append(exc)  # the others finish first (their reads are not lost)
 
-        self.source.expect(urls)
+        self.supply.expect(urls)
         try:
             await gather(one(i, u) for i, u in enumerate(urls))
         finally:
@@ -140,9 +142,10 @@ class Fetcher:
         except OSError as exc:
             raise cache_error(exc, self.cache.root, f"{doing} {url}") from exc
 
-    async def _file(self, blob: Blob, place: int) -> int:
-        """Make one file complete (``place``: its turn among the fetch's files); returns
-        the bytes downloaded."""
+    async def _file(self, blob: Blob, delivery: Delivery | None, place: int) -> int:
+        """Make one file complete (``place``: its turn among the fetch's files; its
+        ``delivery``: how it comes where not read from the origin); returns the bytes
+        downloaded."""
         cache, url = self.cache, blob.url
         version = version_of(blob)
         files = cache.entry_files(url)
@@ -186,10 +189,14 @@ class Fetcher:
                 missing = split(partial.done.missing(version.size), self.piece)
                 downloaded = sum(end - start for start, end in missing)
                 # A resumed file is read and written as ever: its bytes are in it already.
-                lands = blob.landing(files.partial) if not partial.done else nullcontext()
+                lands = (
+                    delivery.landing(files.partial)
+                    if delivery is not None and not partial.done
+                    else nullcontext()
+                )
                 async with lands as landing:
                     try:
-                        await self._fill(blob, landing, partial, place, missing)
+                        await self._fill(blob, delivery, landing, partial, place, missing)
                     except DigestMismatchError:  # refused by its source: keep none of it
                         await self._blocking(partial.files.discard, url, "discarding")
                         raise
@@ -199,8 +206,7 @@ class Fetcher:
         finally:
             lock.release()
         cache.record(hit=False, downloaded=downloaded)
-        if self.on_file is not None:
-            await self.on_file(url, files.data, version)
+        await self.supply.committed(url, files.data, version)
         return downloaded
 
     async def _published(self, url: str, version: Version) -> Published | None:
@@ -268,11 +274,19 @@ class Fetcher:
         finally:
             use.release()
 
-    async def _copy(self, blob: Blob, partial: PartialFile, key: tuple[int, int], end: int) -> None:
+    async def _copy(
+        self,
+        blob: Blob,
+        delivery: Delivery | None,
+        partial: PartialFile,
+        key: tuple[int, int],
+        end: int,
+    ) -> None:
         """Copy bytes ``[start, end)`` of ``blob`` into ``partial``; ``key``: (the
         file's place, ``start``), the order the read slots go in."""
         start = key[1]
-        await blob.ready(start, end - start)
+        if delivery is not None:  # bytes on their way wait without a slot
+            await delivery.ready(start, end)
         async with self.limiter.turn(key):
             buffer = self.free.pop() if self.free else bytearray(self.piece)
             try:
@@ -286,21 +300,22 @@ class Fetcher:
     async def _fill(
         self,
         blob: Blob,
-        landing: Landing | None,
+        delivery: Delivery | None,
+        landing: Arrival | None,
         partial: PartialFile,
         place: int,
         missing: list[tuple[int, int]],
     ) -> None:
         """Bring the ``missing`` ranges into ``partial``: copied from ``blob``, or taken
-        as its ``landing`` wrote them there."""
+        as its delivery's ``landing`` wrote them there."""
         if landing is None:
-            await gather(self._copy(blob, partial, (place, s), e) for s, e in missing)
+            await gather(self._copy(blob, delivery, partial, (place, s), e) for s, e in missing)
         else:
             await gather(self._land(landing, partial, blob.url, s, e) for s, e in missing)
             await landing.verified()
 
     async def _land(
-        self, landing: Landing, partial: PartialFile, url: str, start: int, end: int
+        self, landing: Arrival, partial: PartialFile, url: str, start: int, end: int
     ) -> None:
         """Take bytes ``[start, end)`` into ``partial`` once its blob wrote them there."""
         await landing.arrived(start, end)
@@ -313,8 +328,7 @@ async def fetch_model(
     where: Location,
     options: LoadOptions,
     progress: Progress | None,
-    source_hook: SourceHook | None = None,
-    on_file: OnFile | None = None,
+    supply: Supply | None = None,
 ) -> CachedModel:
     """Make every file of the model at ``where`` (its URL, parsed once by the caller)
     complete in ``cache``; see ``ModelCache.fetch``."""
@@ -331,15 +345,14 @@ async def fetch_model(
     stores = Stores(options)
     source = stores.source(where)
     executor = stores.lanes.cache
-    if source_hook is not None:
-        source = source_hook(source, executor)
+    supply = Supply() if supply is None else supply
     try:
-        layout = await resolve_layout(source, url)
+        layout = await resolve_layout(Supplying(source, supply, executor), url)
         # Every name is checked before a byte is downloaded.
         links = ModelLinks.plan(url, layout, source.parent)
         wanted = ([layout.index] if layout.index else []) + list(layout.files)
         exclude = {key_of(u) for u in wanted}
-        fetcher = Fetcher(cache, source, executor, limits, Meter(progress), exclude, on_file)
+        fetcher = Fetcher(cache, source, executor, limits, Meter(progress), exclude, supply)
         results = await fetcher.run(wanted)
         try:
             model_path = await run_blocking(executor, lambda: links.create(cache.root))
@@ -348,8 +361,7 @@ async def fetch_model(
         await cache.eviction.after_fetch(exclude, executor)
     finally:
         try:
-            if source_hook is not None:
-                await source.aclose()  # the hook's own (the origin is the stores')
+            await supply.aclose()  # before the origin it reads closes
         finally:
             await stores.aclose()
     downloaded = sum(d for _, d in results.values())

@@ -39,7 +39,7 @@ from ..sinks import commits
 from ..sources.stores import Location, locate
 from .entry import EntryFiles, Meta, cache_error, read_meta
 from .eviction import Eviction, list_entries
-from .fetch import OnFile, Progress, SourceHook, fetch_model
+from .fetch import Progress, Supply, fetch_model
 from .locks import STALL_SECONDS
 from .records import CachedModel, CacheEntry, CacheStatistics, VerifyResult
 from .removal import remove_entry
@@ -153,8 +153,7 @@ class ModelCache:
         *,
         progress: Progress | None = None,
         options: LoadOptions | None = None,
-        source: SourceHook | None = None,
-        on_file: OnFile | None = None,
+        supply: Supply | None = None,
         **keywords: Unpack[LoadKeywords],
     ) -> CachedModel:
         """Make every file of the model at ``url`` complete in the cache.
@@ -168,11 +167,8 @@ class ModelCache:
                 (``concurrency`` ranges of ``chunk_size`` bytes are downloaded at once;
                 ``headers``, retries, ``s3_*``); where tensors would go (``device``,
                 ``framework``, ``group``, ``cache_dir``) is refused.
-            source: reads the files through another Source: called with the URL's store
-                and the fetch's cache lane, it returns the Source to read from (the
-                daemon's swarm, aioloader/swarm/source.py, with the store behind it).
-            on_file: awaited as ``on_file(url, data_path, version)`` once each file this
-                fetch downloaded is committed (the daemon then offers it to peers).
+            supply: where the files come from other than their origin (supply.py: the
+                daemon's swarm, aioloader/swarm/supply.py); None: the origin alone.
 
         Returns:
             The CachedModel, with a local ``path`` that ``load_model`` reads directly.
@@ -201,8 +197,7 @@ class ModelCache:
                     where,
                     built,
                     progress,
-                    source,
-                    on_file,
+                    supply,
                 ),
                 name=f"aioloader cache fetch {urls[0]}",
             )

@@ -16,10 +16,10 @@ Routes::
                                the bytes of one file of a ready model, by its cache
                                entry's name (``aioloader fetch --daemon`` reads them)
     DELETE /v1/models/{id}     cancel its download, drop it from the registry and cache
-    GET    /v1/swarm/...       what peer daemons ask (swarm_api.py)
+    GET    /v1/swarm/...       what peer daemons ask (swarm/answering.py)
 
 With a token configured, /v1/* requires ``Authorization: Bearer <token>``, but for
-the swarm's routes, which peers ask with a proof instead (swarm_api.py);
+the swarm's routes, which peers ask with a proof instead (swarm/answering.py);
 /health, /ready and /metrics stay open, since kubelet probes and most scrapers
 send no credentials and none of the three shows a secret: every URL is shown
 with its user info and query values redacted. The probes answer from memory
@@ -48,6 +48,7 @@ from ..redact import redacting_logger
 from ..sources.auto import scheme_of
 from ..sources.schemes import listed, remote_names
 from ..sources.stores import Location, locate
+from ..swarm.answering import add_swarm_routes
 from ..swarm.proof import REQUEST_HEADER
 from .allow import AllowList
 from .downloads import Downloads
@@ -55,7 +56,6 @@ from .files import file_answer
 from .metrics import CONTENT_TYPE, Metrics
 from .priority import check_priority
 from .state import ID_PATTERN, ModelRecord, Registry, display_url
-from .swarm_api import add_swarm_routes
 from .watch import CacheWatch
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     token = request.app[STATE].token
     if request.path.startswith("/v1/swarm/") and REQUEST_HEADER in request.headers:
-        return await handler(request)  # a peer's proof, checked by the route (swarm_api.py)
+        return await handler(request)  # a peer's proof, checked by the route (swarm/answering.py)
     if token and request.path.startswith("/v1/"):
         given = request.headers.get("Authorization", "")
         scheme, _, value = given.partition(" ")

@@ -327,10 +327,15 @@ class Downloads:
         model's bytes came from."""
         if self._coordinator is None:
             return await self._cache.fetch(record.where, **kwargs)
+        from ..settings.options import LoadOptions
         from ..swarm.manifest import model_key
 
         try:
-            cached: CachedModel = await self._coordinator.fetch(record.url, self._cache, **kwargs)
+            settings = {k: v for k, v in kwargs.items() if k != "progress"}
+            options = LoadOptions.build(**settings)
+            cached: CachedModel = await self._coordinator.fetch(
+                record.url, self._cache, options, kwargs["progress"]
+            )
         finally:
             reads = self._coordinator.reads.get(model_key(record.url))
             if reads is not None:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from contextlib import AbstractAsyncContextManager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from .digests import Digest
@@ -17,7 +14,6 @@ __all__ = [
     "CacheOutcome",
     "Current",
     "ForwardingBlob",
-    "Landing",
     "Source",
     "aclose_all",
     "clip",
@@ -25,17 +21,6 @@ __all__ = [
 
 #: What a cache did for one file of a load: read it from the cache, or filled the cache.
 CacheOutcome = Literal["hit", "miss"]
-
-
-class Landing(Protocol):
-    """A file's bytes written straight into the file a cache fills (``Blob.landing``)."""
-
-    async def arrived(self, start: int, end: int) -> None:
-        """Return once bytes ``[start, end)`` are in the file, checked by their writer."""
-
-    async def verified(self) -> None:
-        """Return once the whole file matches what its origin publishes of it (at once
-        where it publishes nothing); ``DigestMismatchError`` where it does not."""
 
 
 class Blob(ABC):
@@ -80,21 +65,6 @@ class Blob(ABC):
         copy. Either every buffer is filled or an error is raised.
         """
 
-    async def ready(self, offset: int, length: int) -> None:  # noqa: B027 - optional hook
-        """Return once a read of the range would not wait for bytes still on their way
-        to this machine (a swarm download): a reader holding one of a few read slots
-        waits here first, so that ranges that came take the slots. Here: at once."""
-
-    def landing(self, path: Path) -> AbstractAsyncContextManager[Landing | None]:
-        """Write the file's bytes straight into ``path`` (made and sized by the caller,
-        who holds it), where this blob can: the context yields a ``Landing`` and ``path``
-        is written until it exits; it yields None where the bytes are to be read
-        (``read_into``). A swarm download writes into the cache's file this way, so the
-        bytes are written once, not into a scratch copy and then again. An exit by an
-        error stops the writes before it returns. Here: None. A wrapper does not forward
-        it (the bytes would pass it by)."""
-        return contextlib.nullcontext(None)
-
     async def check_unchanged(self) -> None:  # noqa: B027 - optional hook
         """Raise ``ObjectChangedError`` if the file is no longer the version that was
         opened; called after its last read. Here: nothing to check."""
@@ -135,9 +105,6 @@ class ForwardingBlob(Blob):
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
         await self.inner.read_into(offset, buffers)
 
-    async def ready(self, offset: int, length: int) -> None:
-        await self.inner.ready(offset, length)
-
     async def check_unchanged(self) -> None:
         await self.inner.check_unchanged()
 
@@ -170,18 +137,9 @@ class Source(ABC):
     async def open(self, url: str) -> Blob:
         """Open the file at ``url`` for range reads."""
 
-    def expect(self, urls: list[str]) -> None:  # noqa: B027 - optional hook
-        """The files a fetch is about to open, all of them (a swarm splits them among its
-        nodes). Here: nothing to do."""
-
-    async def ready(self, url: str) -> None:  # noqa: B027 - optional hook
-        """Return once ``open(url)`` would not wait for another node to list the file (a
-        swarm's followed node): a caller holding one of a few slots waits here first.
-        Here: at once."""
-
     async def current(self, url: str) -> Current:
         """The size and validators of the file at ``url`` as the store has it now, to
-        tell whether a copy that came another way (a peer's, swarm/source.py) is of
+        tell whether a copy that came another way (a peer's, swarm/supply.py) is of
         this version. Here: the file is opened and closed (a store that can answer
         without sending bytes, with a HEAD, says so itself)."""
         blob = await self.open(url)
@@ -207,7 +165,7 @@ class Source(ABC):
 
     async def publisher_digest(self, url: str) -> Digest | None:
         """The digest of the whole file its publisher gives, to check a copy of it that
-        came another way (the swarm, swarm/source.py); None where there is none.
+        came another way (the swarm, swarm/supply.py); None where there is none.
 
         Here: S3's full-object checksum among ``object_checksums`` (a HEAD, no body),
         where the store answers one; a source whose listing gives one (the Hub's LFS

@@ -8,7 +8,7 @@ origin itself.
    ask again for up to ``SETTLE`` times ``wait`` (a cold cluster's daemons start
    within seconds of each other: one not listening yet must not be ranked out; a
    peer that never comes costs that much, once);
-2. a peer that holds the model whole is followed for every file (``Plan.whole``);
+2. a peer that holds the model whole is followed for every file (``Deal.whole``);
 3. nobody holds it (a cold cluster): the nodes that answered, but those following a
    holder, and this one split the files: each file is pulled from the origin by the
    first node of its own ranking (rendezvous.py, keyed by model and file name), who
@@ -21,12 +21,17 @@ origin itself.
    the origin (files already in the cache are not fetched again).
 
 Before it follows anyone for a file, a node asks the origin for the file's current
-version (swarm/source.py): a file its cache holds at that version is offered at once
+version (swarm/supply.py): a file its cache holds at that version is offered at once
 (a warm fleet restarted all at once gets ready without waiting for each other), and a
 followed node's copy of another version is never taken. After a fetch, this node
 offers every file of the model (seeded from its cache entries) and its manifest says
 ``complete``. Two fetches of one model on one node take turns: the second finds the
 first's files in the cache.
+
+The fetch itself is the node cache's (``ModelCache.fetch``); the swarm takes part
+through its one seam, a ``Supply`` (supply.py). A followed node is blamed, and dropped,
+only for what it did (a stall, going away, a copy refused); a failure of this node's
+own (its disk full, its cache not writable) or of the origin is raised as it is.
 
 Peers prove they hold the cluster's token both ways without sending it (proof.py,
 asking.py); the swarm's IP filter follows the proven peers (admission.py).
@@ -36,19 +41,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
+from collections.abc import Awaitable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
+from ..cache.entry import Version
 from ..errors import LoaderError
 from ..redact import redacting_logger
-from ..sources.base import Current, Source
+from ..settings.options import LoadOptions
+from ..settings.values import Limits
+from ..sources.base import Current
 from .admission import Admission
 from .asking import Asker
-from .deal import Plan, share_of, watched
-from .follower import Answer, Follower, known_torrent, leads
+from .deal import Deal, Lead, deal
+from .followed import Answer, Followed, known_torrent, leads, watched
 from .manifest import (
     FileOffer,
     Manifest,
@@ -60,14 +67,24 @@ from .offers import Offers
 from .peers import PeerAddress
 from .proof import PeerProof
 from .session import Swarm, SwarmError
-from .source import Reads, SwarmSource
+from .supply import Reads, SwarmSupply
 
-__all__ = ["Coordinator", "Follower"]
+if TYPE_CHECKING:
+    import aiohttp
+
+    from ..cache.fetch import Progress
+    from ..cache.model_cache import ModelCache
+    from ..cache.records import CachedModel
+
+__all__ = ["LEAD_CHUNK", "Coordinator"]
+
+T = TypeVar("T")
 
 logger = redacting_logger(__name__)
 
 SETTLE = 5  # times ``wait``: how long silent peers are asked again before ranking
 HELD_CHECK = 5.0  # seconds between looks at the seeded files, for other processes' removals
+LEAD_CHUNK = 8 << 20  # the largest origin read of a node that pulls files (``_leading``)
 
 
 class Coordinator(Offers):
@@ -102,7 +119,7 @@ class Coordinator(Offers):
         self.admission = Admission(swarm, peers, self.proof.enabled)
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # a model's fetches, in turn
         self._watch: asyncio.Task[None] | None = None
-        self._client: Any = None
+        self._client: aiohttp.ClientSession | None = None
         self._asker: Asker | None = None
         self._apis: list[str] = []
 
@@ -166,62 +183,44 @@ class Coordinator(Offers):
 
     async def admit(self, swarm: str, remote: str | None) -> None:
         """A peer that proved it holds the token asked from ``remote``, its swarm at
-        ``swarm``: both are let through the swarm's filter (swarm_api.py)."""
+        ``swarm``: both are let through the swarm's filter (answering.py)."""
         await self.admission.learn([swarm, remote])
 
     # -- one try of a fetch ----------------------------------------------------------------
 
-    def _attempt(
-        self, key: str, reads: Reads, plan: Plan, cache: Any
-    ) -> tuple[
-        Callable[[Source, Executor], Source],
-        Callable[[str, Path, Any], Awaitable[None]],
-        list[SwarmSource],
-    ]:
-        """A try's source hook (the origin behind a SwarmSource), on_file callback, and
-        the sources the hook made."""
-        made: list[SwarmSource] = []
+    def _supply(self, key: str, reads: Reads, route: _Route, cache: ModelCache) -> SwarmSupply:
+        """A try's supply: its files from the nodes ``route`` follows, the cache, or the
+        origin; each committed file offered to the peers."""
 
         async def held(url: str, current: Current) -> Path | None:
             return await self._held_here(key, cache, url, current)
 
-        def hook(origin: Source, lane: Executor) -> Source:
-            made.append(
-                SwarmSource(
-                    origin, lane, self.swarm, self.scratch, reads, plan, self._note(key), held
-                )
+        async def publish(url: str, data: Path, version: Version) -> None:
+            name = file_name(url)
+            known = known_torrent(route(name), name, version.size, version.etag)
+            await self._publish(
+                key, url, data, version.size, version.etag, version.last_modified, known
             )
-            return made[-1]
 
-        return hook, self._on_file(key, plan, made), made
-
-    def _on_file(
-        self, key: str, plan: Plan | None = None, sources: list[SwarmSource] | None = None
-    ) -> Callable[[str, Path, Any], Awaitable[None]]:
-        async def on_file(url: str, data: Path, version: Any) -> None:
-            size, etag, name = version.size, version.etag, file_name(url)
-            known = known_torrent(plan(name) if plan else None, name, size, etag)
-            try:
-                await self._publish(key, url, data, size, etag, version.last_modified, known)
-            finally:
-                # Seeded from the cache entry now: its download goes (and a scratch copy
-                # at once, most of it before the kernel writes it back to disk).
-                for source in sources or ():
-                    await source.release(name)
-
-        return on_file
+        return SwarmSupply(self.swarm, self.scratch, reads, route, self._note(key), held, publish)
 
     # -- a fetch --------------------------------------------------------------------------
 
-    async def fetch(self, url: str, cache: Any, **kwargs: Any) -> Any:
-        """``cache.fetch(url, source=..., on_file=..., **kwargs)`` (a ModelCache's)
-        through the swarm; returns its CachedModel. Fetches of one model take turns."""
+    async def fetch(
+        self,
+        url: str,
+        cache: ModelCache,
+        options: LoadOptions,
+        progress: Progress | None = None,
+    ) -> CachedModel:
+        """``cache.fetch(url, options=options, progress=progress)`` through the swarm;
+        returns its CachedModel. Fetches of one model take turns."""
         key = model_key(url)
         lock, users = self._turns.get(key, (asyncio.Lock(), 0))
         self._turns[key] = (lock, users + 1)
         try:
             async with lock:
-                return await self._fetch_alone(key, url, cache, **kwargs)
+                return await self._fetch_alone(key, url, cache, options, progress)
         finally:
             lock, users = self._turns[key]
             if users == 1:
@@ -229,10 +228,17 @@ class Coordinator(Offers):
             else:
                 self._turns[key] = (lock, users - 1)
 
-    async def _fetch_alone(self, key: str, url: str, cache: Any, **kwargs: Any) -> Any:
+    async def _fetch_alone(
+        self,
+        key: str,
+        url: str,
+        cache: ModelCache,
+        options: LoadOptions,
+        progress: Progress | None,
+    ) -> CachedModel:
         self._fetching.add(key)
         try:
-            return await self._fetch(key, url, cache, **kwargs)
+            return await self._fetch(key, url, cache, options, progress)
         except BaseException:
             manifest = self.manifests.get(key)
             if manifest is not None and manifest.state != "complete":
@@ -241,7 +247,14 @@ class Coordinator(Offers):
         finally:
             self._fetching.discard(key)
 
-    async def _fetch(self, key: str, url: str, cache: Any, **kwargs: Any) -> Any:
+    async def _fetch(
+        self,
+        key: str,
+        url: str,
+        cache: ModelCache,
+        options: LoadOptions,
+        progress: Progress | None,
+    ) -> CachedModel:
         reads = self.reads.setdefault(key, Reads())  # over every try of the model
         manifest = self.manifests.setdefault(key, Manifest(key, url, self.node, self.advertised))
         if manifest.state != "complete":
@@ -250,24 +263,26 @@ class Coordinator(Offers):
         answers = await self._survey(key)
         dead: set[str] = set()
         while True:
-            plan = self._plan(key, answers, dead)
+            dealt = deal(key, self.node, answers, dead)
             if self.manifests[key].state != "complete":
-                state: State = "following" if plan.whole is not None else "fetching"
+                state: State = "following" if dealt.whole is not None else "fetching"
                 self.manifests[key] = replace(self.manifests[key], state=state)
-            logger.info("%s: %s", url, plan)
-            hook, on_file, made = self._attempt(key, reads, plan, cache)
+            logger.info("%s: %s", url, dealt)
+            route = _Route(dealt, {n: self._followed(key, lead) for n, lead in dealt.leads.items()})
+            supply = self._supply(key, reads, route, cache)
+            fetching = options if dealt.whole is not None else _leading(options)
             try:
-                work = cache.fetch(url, source=hook, on_file=on_file, **plan.options(kwargs))
-                followed = list(plan.followers.values())
+                work = cache.fetch(url, options=fetching, progress=progress, supply=supply)
+                followed = list(route.followed.values())
                 cached = await (watched(work, followed) if followed else work)
-            except (SwarmError, LoaderError) as exc:
-                culprit = plan.culprit(exc, made)
+            except LoaderError as exc:
+                culprit = supply.blamed  # a local or origin failure blames nobody
                 if culprit is None:
                     raise
-                logger.warning("%s: dropping %r: %s", url, plan.followers[culprit], exc)
+                logger.warning("%s: dropping %r: %s", url, route.followed[culprit], exc)
                 dead.add(culprit)
                 # Asked again: a listed node that still fetches nothing is out of the
-                # split now (the first plan counts it: it may have been asked a moment
+                # split now (the first deal counts it: it may have been asked a moment
                 # before its own request came), not dropped one try at a time.
                 answers = await self._survey(key)
                 dead |= {a.node for a in answers if a.manifest is None}
@@ -276,6 +291,14 @@ class Coordinator(Offers):
         await self._seed_all(key, cached)
         self.manifests[key] = replace(self.manifests[key], state="complete")
         return cached
+
+    def _followed(self, key: str, lead: Lead) -> Followed:
+        followed = Followed(
+            lead.answer, key, self.ask, self.swarm.stall, self._gone(), self._torrent
+        )
+        followed.others = list(lead.others)
+        followed.share = lead.share
+        return followed
 
     async def _survey(self, key: str) -> list[Answer]:
         """The other nodes' answers about ``key``: asked again while nobody holds or pulls
@@ -296,42 +319,38 @@ class Coordinator(Offers):
         asks' worth, at least 3 s (a daemon answers at once, its loop never blocks)."""
         return max(3 * self.wait, 3.0)
 
-    def _plan(self, key: str, answers: list[Answer], dead: set[str]) -> Plan:
-        alive = [a for a in answers if a.node not in dead]
-        swarms = [a.swarm for a in alive if a.swarm]
-        holders = [a for a in alive if a.manifest is not None and a.manifest.state == "complete"]
-        if holders:
-            holder = min(holders, key=lambda a: a.node)
-            follow = Follower(holder, key, self.ask, self.swarm.stall, self._gone(), self._torrent)
-            follow.others = [s for s in swarms if s != holder.swarm]
-            follow.share = share_of(self.node, [a.node for a in alive], holder.node)
-            return Plan(key, self.node, [self.node], {holder.node: follow}, whole=follow)
-        # A node following a holder leads nothing: it is not counted in the split.
-        split = [a for a in alive if a.manifest is None or a.manifest.state != "following"]
-        cohort = sorted({a.node for a in split} | {self.node})
-        followers = {}
-        for answer in split:
-            follow = Follower(answer, key, self.ask, self.swarm.stall, self._gone(), self._torrent)
-            follow.others = [s for s in swarms if s != answer.swarm]
-            follow.share = share_of(self.node, cohort, answer.node)
-            followers[answer.node] = follow
-        # A file a node lists already (it holds it, or pulls it from the origin) is
-        # followed there, whatever the ranking says: a node that joins a split late
-        # pulls nothing twice.
-        listed: dict[str, str] = {}
-        for answer in sorted(split, key=lambda a: a.node):
-            for offer in answer.manifest.files if answer.manifest else ():
-                if offer.info_hash is not None or offer.name not in listed:
-                    listed[offer.name] = answer.node
-        return Plan(key, self.node, cohort, followers, listed=listed)
+
+class _Route:
+    """A deal's routes as a fetch's supply asks them: the node followed for a file."""
+
+    def __init__(self, deal: Deal, followed: dict[str, Followed]) -> None:
+        self.deal, self.followed = deal, followed
+
+    def __repr__(self) -> str:
+        return str(self.deal)
+
+    def __call__(self, name: str) -> Followed | None:
+        node = self.deal.route(name)
+        return None if node is None else self.followed[node]
+
+    def expect(self, names: list[str]) -> None:
+        self.deal.expect(names)
 
 
-async def _gather(coros: Any) -> list[Any]:
+def _leading(options: LoadOptions) -> LoadOptions:
+    """A leader's fetch: it reads the origin in ranges of ``LEAD_CHUNK`` bytes at most, so
+    that its reads in flight span fewer files, and its first files commit, and reach the
+    followers, sooner (16 reads of 16 MiB spanned two 128 MiB shards)."""
+    limits = options.limits or Limits()
+    return replace(options, limits=replace(limits, chunk_size=min(limits.chunk_size, LEAD_CHUNK)))
+
+
+async def _gather(coros: Iterable[Awaitable[T]]) -> list[T]:
     from ..runtime.tasks import gather
 
-    results: list[Any] = []
+    results: list[T] = []
 
-    async def one(coro: Awaitable[Any]) -> None:
+    async def one(coro: Awaitable[T]) -> None:
         results.append(await coro)
 
     await gather(one(c) for c in coros)

@@ -1,82 +1,55 @@
-"""One try of a swarm fetch: whom it follows for each file (``Plan``), and the watch
-on the followed nodes (``watched``). The coordinator (coordinator.py) makes a plan
-from the peers' answers; the fetch's ``SwarmSource`` asks it file by file."""
+"""Who pulls what in one try of a fetch (``deal``): a pure function of the peers'
+answers and this node's id. No I/O, no clock: every node that sees the same answers
+deals alike, and a test deals over plain values. The coordinator (coordinator.py)
+follows the nodes the deal names; the fetch's supply (supply.py) asks it file by file.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
-from typing import Any
+from dataclasses import dataclass, field
 
-from .download import SwarmError
-from .follower import Follower
+from .asking import Answer
 from .rendezvous import ranked
-from .source import SwarmSource
 
-__all__ = ["LEAD_CHUNK", "Plan", "share_of", "watched"]
-
-LEAD_CHUNK = 8 << 20  # the largest origin read of a node that pulls files (``leading``)
+__all__ = ["Deal", "Lead", "deal", "share_of"]
 
 
-async def watched(work: Awaitable[Any], follows: list[Follower]) -> Any:
-    """``work``'s result, while each of ``follows``' nodes is watched
-    (``Follower.watch``): one gone fails what waits on it (``Follower.went``), and only
-    that; the fetch's other files go on, its own origin reads included."""
-    task = asyncio.ensure_future(work)
-    watches: dict[asyncio.Future[Any], Follower] = {
-        asyncio.ensure_future(f.watch()): f for f in follows
-    }
-    try:
-        pending: set[asyncio.Future[Any]] = {task, *watches}
-        while True:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for watch in done - {task}:
-                error = None if watch.cancelled() else watch.exception()
-                if isinstance(error, SwarmError):
-                    watches[watch].went(error)
-                elif error is not None:
-                    raise error
-            if task in done:
-                return task.result()
-    finally:
-        for left in (*watches, task):
-            left.cancel()
-        await asyncio.wait([*watches, task])
-        for watch in watches:
-            if not watch.cancelled():
-                watch.exception()  # handed to its follower, or nobody needs it
+@dataclass(frozen=True)
+class Lead:
+    """A node this one follows for some files: its answer, the share of each of its
+    files' pieces this node asks for first (``(i, n)``), and the other nodes' swarm
+    addresses to trade pieces with."""
+
+    answer: Answer
+    share: tuple[int, int]
+    others: tuple[str, ...]
 
 
-class Plan:
-    """Whom one try of a fetch follows for each file (``route``: None for the origin).
+@dataclass
+class Deal:
+    """Whom one try of a fetch follows for each file.
 
     Args:
         key: the model's key.
         node: this node's id.
         cohort: the nodes that split the model's files (this one included).
-        followers: node id -> its ``Follower``, for every other node of the cohort.
+        leads: node id -> its ``Lead``, for every node this one may follow.
         whole: the node followed for every file, where one holds the model.
         listed: file name -> a node whose manifest lists it (followed for it).
     """
 
-    def __init__(
-        self,
-        key: str,
-        node: str,
-        cohort: list[str],
-        followers: dict[str, Follower],
-        whole: Follower | None = None,
-        listed: dict[str, str] | None = None,
-    ) -> None:
-        self.key, self.node, self.cohort = key, node, cohort
-        self.followers, self.whole = followers, whole
-        self.listed = listed or {}
-        self._assigned: dict[str, str] = {}
-        self._routed: set[str] = set()
+    key: str
+    node: str
+    cohort: list[str]
+    leads: dict[str, Lead]
+    whole: str | None = None
+    listed: dict[str, str] = field(default_factory=dict)
+    _assigned: dict[str, str] = field(default_factory=dict, repr=False)
+    _routed: set[str] = field(default_factory=set, repr=False)
 
-    def __repr__(self) -> str:
+    def __str__(self) -> str:
         if self.whole is not None:
-            return f"following {self.whole!r}"
+            return f"following {self.whole[:8]}"
         if len(self.cohort) == 1:
             return "pulling from the origin"
         return f"splitting the files among {len(self.cohort)} nodes"
@@ -84,7 +57,7 @@ class Plan:
     def leader(self, name: str) -> str:
         """The node that pulls the file ``name`` from the origin (or holds it already)."""
         listed = self.listed.get(name)
-        if listed is not None and listed in self.followers:
+        if listed is not None and listed in self.leads:
             return listed
         assigned = self._assigned.get(name)
         return assigned if assigned is not None else ranked(self._key(name), self.cohort)[0]
@@ -92,13 +65,13 @@ class Plan:
     def _key(self, name: str) -> str:
         return f"{self.key}/{name}"
 
-    def __call__(self, name: str) -> Follower | None:
+    def route(self, name: str) -> str | None:
         """The node followed for the file ``name``; None: this node pulls it."""
         if self.whole is not None:
             return self.whole
         self._routed.add(name)
         first = self.leader(name)
-        return None if first == self.node else self.followers[first]
+        return None if first == self.node else first
 
     def expect(self, names: list[str]) -> None:
         """Deal the files of the fetch out evenly, each to the first node of its own
@@ -113,18 +86,36 @@ class Plan:
             self._assigned[name] = node
             load[node] += 1
 
-    def options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The fetch's options: a node that pulls from the origin reads in smaller ranges."""
-        return kwargs if self.whole is not None else leading(kwargs)
 
-    def culprit(self, exc: BaseException, made: list[SwarmSource]) -> str | None:
-        """The followed node to drop for ``exc``; None: none is to blame (raise it)."""
-        if self.whole is not None:
-            return self.whole.node
-        for source in made:
-            if source.blamed is not None:
-                return source.blamed
-        return None
+def deal(key: str, node: str, answers: list[Answer], dead: set[str]) -> Deal:
+    """The deal for the model ``key`` on node ``node``, from the other nodes'
+    ``answers`` less the ``dead`` ones: a node that holds the model whole is followed
+    for every file; else the nodes that answered (but those following a holder) and
+    this one split the files, and a file a node lists already is followed there."""
+    alive = [a for a in answers if a.node not in dead]
+    swarms = [a.swarm for a in alive if a.swarm]
+
+    def lead(answer: Answer, nodes: list[str]) -> Lead:
+        others = tuple(s for s in swarms if s != answer.swarm)
+        return Lead(answer, share_of(node, nodes, answer.node), others)
+
+    holders = [a for a in alive if a.manifest is not None and a.manifest.state == "complete"]
+    if holders:
+        holder = min(holders, key=lambda a: a.node)
+        leads = {holder.node: lead(holder, [a.node for a in alive])}
+        return Deal(key, node, [node], leads, whole=holder.node)
+    # A node following a holder leads nothing: it is not counted in the split.
+    split = [a for a in alive if a.manifest is None or a.manifest.state != "following"]
+    cohort = sorted({a.node for a in split} | {node})
+    leads = {a.node: lead(a, cohort) for a in split}
+    # A file a node lists already (it holds it, or pulls it from the origin) is followed
+    # there, whatever the ranking says: a node that joins a split late pulls nothing twice.
+    listed: dict[str, str] = {}
+    for answer in sorted(split, key=lambda a: a.node):
+        for offer in answer.manifest.files if answer.manifest else ():
+            if offer.info_hash is not None or offer.name not in listed:
+                listed[offer.name] = answer.node
+    return Deal(key, node, cohort, leads, listed=listed)
 
 
 def share_of(node: str, nodes: list[str], followed: str) -> tuple[int, int]:
@@ -133,16 +124,3 @@ def share_of(node: str, nodes: list[str], followed: str) -> tuple[int, int]:
     the shares need not tile exactly)."""
     followers = sorted(set(nodes) - {followed} | {node})
     return followers.index(node), len(followers)
-
-
-def leading(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A leader's fetch: it reads the origin in ranges of ``LEAD_CHUNK`` bytes at most, so
-    that its reads in flight span fewer files, and its first files commit, and reach the
-    followers, sooner (16 reads of 16 MiB spanned two 128 MiB shards)."""
-    if "options" in kwargs or "limits" in kwargs:
-        return kwargs
-    from ..settings.options import LoadOptions
-
-    chunk = LoadOptions.build(chunk_size=kwargs.get("chunk_size")).limits
-    assert chunk is not None
-    return {**kwargs, "chunk_size": min(int(chunk.chunk_size), LEAD_CHUNK)}

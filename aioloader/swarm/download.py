@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import DetourError
+from ..errors import SourceError
 from ..runtime.threads import Lane, run_blocking
 from .torrents import describe, info_hash
 
@@ -25,7 +25,7 @@ _POLL = 0.05  # seconds between looks at a download's pieces
 _RECONNECT = 2.0  # seconds between connection attempts to peers a download lacks
 
 
-class SwarmError(DetourError):
+class SwarmError(SourceError):
     """The swarm cannot give a file (a torrent error, a closed session, the node it
     follows gone): the file comes another way on the next try."""
 

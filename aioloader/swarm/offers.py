@@ -1,7 +1,7 @@
 """What a daemon offers its peers (``Offers``): per model, its manifest, and the
 committed files it seeds from its cache entries.
 
-A file is offered once it is committed (a fetch's ``on_file``), once a fetch finds it
+A file is offered once it is committed (``SwarmSupply.committed``), once a fetch finds it
 in the cache at the origin's current version (before this node follows anyone for
 anything: a warm fleet restarted at once gets ready), and for every file of a model
 whose fetch ended. A file that leaves the cache (evicted, deleted, replaced) leaves
@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..cache.entry import Version
 from ..errors import LoaderError
@@ -28,6 +28,10 @@ from .held import Held, HeldFile
 from .manifest import FileOffer, Manifest, file_name, torrent_name
 from .session import Swarm
 from .torrents import info_hash, make_torrent
+
+if TYPE_CHECKING:
+    from ..cache.model_cache import ModelCache
+    from ..cache.records import CachedModel
 
 __all__ = ["Offers"]
 
@@ -95,7 +99,9 @@ class Offers:
 
         return noted
 
-    async def _held_here(self, key: str, cache: Any, url: str, current: Current) -> Path | None:
+    async def _held_here(
+        self, key: str, cache: ModelCache, url: str, current: Current
+    ) -> Path | None:
         """Where ``cache`` holds ``url`` at the origin's ``current`` version, or None; a
         file held is offered to the peers now, before this node follows anyone."""
         files = cache.entry_files(url)
@@ -117,8 +123,8 @@ class Offers:
         url: str,
         data: Path,
         size: int,
-        etag: Any,
-        modified: Any,
+        etag: str | None,
+        modified: str | None,
         torrent: bytes | None = None,
     ) -> None:
         """Seed a committed file and show its torrent in the model's manifest; ``torrent``:
@@ -143,7 +149,7 @@ class Offers:
             self.manifests[key] = manifest.with_file(offer)
         logger.info("offering %s to peers (%s)", name, info_hash(torrent)[:12])
 
-    async def _seed_all(self, key: str, cached: Any) -> None:
+    async def _seed_all(self, key: str, cached: CachedModel) -> None:
         manifest = self.manifests[key]
         for url, path in cached.files.items():
             offer = manifest.file(file_name(url))
@@ -156,11 +162,16 @@ class Offers:
             await self._publish(key, url, data, size, etag, modified)
 
 
-def _version(data: Path) -> tuple[int, Any, Any]:
+def _version(data: Path) -> tuple[int, str | None, str | None]:
     """The size of ``data``, and the (etag, last_modified) its entry records."""
     size = data.stat().st_size
     try:
         meta = json.loads((data.parent / "meta.json").read_text())
     except (OSError, ValueError):
         return size, None, None
-    return size, meta.get("etag"), meta.get("last_modified")
+    etag, modified = meta.get("etag"), meta.get("last_modified")
+    return size, _text(etag), _text(modified)
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None

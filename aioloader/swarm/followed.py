@@ -1,24 +1,26 @@
-"""The node a fetch follows (coordinator.py): what it answered, and its manifest, polled
-while this node waits for a file or a torrent. A node that stops offering the model, or
-whose manifest does not change for the stall time, is a ``SwarmError``: the fetch drops
-it and turns elsewhere. A node pulling from the origin shows the bytes it has read in
-its manifest, so it moves; saying ``fetching`` alone is no progress (a peer could say it
-for ever)."""
+"""The node a fetch follows (``Followed``; coordinator.py): what it answered, and its
+manifest, polled while this node waits for a file or a torrent. A node that stops
+offering the model, or whose manifest does not change for the stall time, is a
+``SwarmError``: the fetch drops it and turns elsewhere. A node pulling from the origin
+shows the bytes it has read in its manifest, so it moves; saying ``fetching`` alone is
+no progress (a peer could say it for ever). ``watched`` runs a fetch while its followed
+nodes are watched."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ..redact import redacting_logger
 from .asking import Answer
 from .download import SwarmError, SwarmStalled
 from .manifest import FileOffer
 
-__all__ = ["Answer", "Follower", "known_torrent", "leads"]
+__all__ = ["Answer", "Followed", "known_torrent", "leads", "watched"]
 
 T = TypeVar("T")
+F = TypeVar("F")
 
 _POLL = 0.25  # seconds between looks at a followed node's manifest
 _WATCH = 0.5  # seconds between looks at a followed node while a fetch follows it
@@ -26,7 +28,7 @@ _WATCH = 0.5  # seconds between looks at a followed node while a fetch follows i
 logger = redacting_logger(__name__)
 
 
-class Follower:
+class Followed:
     """The node a fetch follows: its manifest, polled while this node waits for it."""
 
     def __init__(
@@ -65,7 +67,7 @@ class Follower:
             found.append((host.strip("[]"), int(port)))
         return found
 
-    async def _wait(self, ready: Callable[[], Any], what: str) -> Any:
+    async def _wait(self, ready: Callable[[], F | None], what: str) -> F:
         """Poll the manifest until ``ready()`` gives something; SwarmStalled when the
         node's manifest did not change for the stall time. Waiters share the polls."""
         loop = asyncio.get_running_loop()
@@ -145,8 +147,7 @@ class Follower:
         def ready() -> FileOffer | None:
             return self.manifest.file(name) if self.manifest else None
 
-        found: FileOffer = await self._wait(ready, f"file {name}")
-        return found
+        return await self._wait(ready, f"file {name}")
 
     async def torrent(self, name: str) -> bytes:
         """The torrent of the file ``name``, once the node lists it, fetched by its info
@@ -156,7 +157,7 @@ class Follower:
             offer = self.manifest.file(name) if self.manifest else None
             return offer if offer is not None and offer.info_hash is not None else None
 
-        offer: FileOffer = await self._wait(ready, f"torrent of {name}")
+        offer = await self._wait(ready, f"torrent of {name}")
         raw = self.torrents.get(name)
         if raw is None and self._fetch_torrent is not None:
             raw = await self._fetch_torrent(self.api, offer)
@@ -166,7 +167,7 @@ class Follower:
         return raw
 
 
-def known_torrent(follow: Follower | None, name: str, size: int, etag: Any) -> bytes | None:
+def known_torrent(follow: Followed | None, name: str, size: int, etag: str | None) -> bytes | None:
     """The followed node's torrent of file ``name`` when it describes the same version
     (size and a strong ETag): the bytes the cache holds are then the torrent's, whether
     they came from the swarm (checked piece by piece) or from the origin."""
@@ -180,3 +181,35 @@ def known_torrent(follow: Follower | None, name: str, size: int, etag: Any) -> b
 def leads(answer: Answer) -> bool:
     """Whether ``answer``'s node holds the model or pulls it from the origin."""
     return answer.manifest is not None and answer.manifest.state != "following"
+
+
+async def watched(work: Awaitable[T], follows: list[Followed]) -> T:
+    """``work``'s result, while each of ``follows``' nodes is watched
+    (``Followed.watch``): one gone fails what waits on it (``Followed.went``), and only
+    that; the fetch's other files go on, its own origin reads included."""
+    task = asyncio.ensure_future(work)
+    watches: dict[asyncio.Future[None], Followed] = {
+        asyncio.ensure_future(f.watch()): f for f in follows
+    }
+    try:
+        pending: set[asyncio.Future[T] | asyncio.Future[None]] = {task, *watches}
+        while True:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for watch in watches:
+                if watch not in done:
+                    continue
+                error = None if watch.cancelled() else watch.exception()
+                if isinstance(error, SwarmError):
+                    watches[watch].went(error)
+                elif error is not None:
+                    raise error
+            if task in done:
+                return task.result()
+    finally:
+        left: list[asyncio.Future[T] | asyncio.Future[None]] = [*watches, task]
+        for one in left:
+            one.cancel()
+        await asyncio.wait(left)
+        for watch in watches:
+            if not watch.cancelled():
+                watch.exception()  # handed to its followed node, or nobody needs it
