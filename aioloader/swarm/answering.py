@@ -30,12 +30,16 @@ import hashlib
 import json
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from ..redact import redacting_logger
-from ..swarm.proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof, ProofError
+from .manifest import Manifest
+from .proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof, ProofError
+
+if TYPE_CHECKING:
+    from .coordinator import Coordinator
 
 __all__ = ["add_swarm_routes"]
 
@@ -44,11 +48,11 @@ logger = redacting_logger(__name__)
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 
 
-def _refusal(status: int, code: str, detail: str, **extra: Any) -> web.Response:
+def _refusal(status: int, code: str, detail: str, **extra: str) -> web.Response:
     return web.json_response({"error": code, "detail": detail, **extra}, status=status)
 
 
-def _advertised(request: web.Request, coordinator: Any) -> str:
+def _advertised(request: web.Request, coordinator: Coordinator) -> str:
     host, _, port = coordinator.advertised.rpartition(":")
     if host.strip("[]") not in ("0.0.0.0", "::"):
         return str(coordinator.advertised)
@@ -66,7 +70,9 @@ def _signed(response: web.Response, proof: PeerProof | None, nonce: str | None) 
     return response
 
 
-def _manifest_body(held: Any, key: str, manifest: Any, swarm: str) -> tuple[bytes, str]:
+def _manifest_body(
+    held: Coordinator, key: str, manifest: Manifest, swarm: str
+) -> tuple[bytes, str]:
     """The encoded manifest and its ETag, kept until the manifest or address changes."""
     kept = held.encoded.get(key)
     if kept is not None and kept[0] is manifest and kept[1] == swarm:
@@ -79,14 +85,14 @@ def _manifest_body(held: Any, key: str, manifest: Any, swarm: str) -> tuple[byte
 
 def add_swarm_routes(
     app: web.Application,
-    coordinator: Callable[[], Any],
+    coordinator: Callable[[], Coordinator | None],
     token: Callable[[], str | None] = lambda: None,
 ) -> None:
     """The two routes; ``coordinator()`` gives the daemon's (None without peers),
     ``token()`` the daemon's token (a peer's proof is checked with it)."""
 
     def answering(
-        handler: Callable[[web.Request, Any], Awaitable[web.Response]],
+        handler: Callable[[web.Request, Coordinator], Awaitable[web.Response]],
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             held = coordinator()
@@ -116,12 +122,12 @@ def add_swarm_routes(
 
         return handle
 
-    async def node(request: web.Request, held: Any) -> web.Response:
+    async def node(request: web.Request, held: Coordinator) -> web.Response:
         seeding = len(held.held)
         doc = {"node": held.node, "swarm": _advertised(request, held), "seeding": seeding}
         return web.json_response(doc)
 
-    async def model(request: web.Request, held: Any) -> web.Response:
+    async def model(request: web.Request, held: Coordinator) -> web.Response:
         key = request.match_info["key"]
         if not _KEY.match(key):
             detail = "a model key is 64 hex digits (sha256)"
@@ -135,7 +141,7 @@ def add_swarm_routes(
             return web.Response(status=304, headers={"ETag": etag})
         return web.Response(body=body, content_type="application/json", headers={"ETag": etag})
 
-    async def torrent(request: web.Request, held: Any) -> web.Response:
+    async def torrent(request: web.Request, held: Coordinator) -> web.Response:
         digest = request.match_info["hash"]
         found = held.torrent(digest) if _KEY.match(digest) else None
         if found is None:

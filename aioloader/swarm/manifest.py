@@ -31,7 +31,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import FormatError
@@ -112,7 +112,7 @@ class FileOffer:
     torrent: bytes | None = field(default=None, compare=False, repr=False)
     info_hash: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
             "url": redact(self.url),
@@ -145,7 +145,7 @@ class Manifest:
         files = [f for f in self.files if f.name != offer.name]
         return replace(self, files=(*files, offer))
 
-    def as_dict(self, swarm: str | None = None) -> dict[str, Any]:
+    def as_dict(self, swarm: str | None = None) -> dict[str, object]:
         return {
             "key": self.key,
             "url": redact(self.url),
@@ -156,9 +156,11 @@ class Manifest:
         }
 
 
-def _text(value: Any, what: str, *, optional: bool = False, limit: int = _MAX_TEXT) -> Any:
-    if value is None and optional:
-        return None
+def _optional_text(value: object, what: str, *, limit: int = _MAX_TEXT) -> str | None:
+    return None if value is None else _text(value, what, limit=limit)
+
+
+def _text(value: object, what: str, *, limit: int = _MAX_TEXT) -> str:
     if not isinstance(value, str) or len(value) > limit:
         raise ManifestError(f"{what} is not a string of at most {limit} characters")
     if any(not c.isprintable() for c in value):
@@ -166,7 +168,7 @@ def _text(value: Any, what: str, *, optional: bool = False, limit: int = _MAX_TE
     return value
 
 
-def _count(value: Any, what: str, top: int) -> int:
+def _count(value: object, what: str, top: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
         raise ManifestError(f"{what} is not an integer from 0 to {top}")
     return value
@@ -176,7 +178,7 @@ MAX_NAME = 1024
 """Characters of a file's path in a manifest; 255 a segment."""
 
 
-def _name(value: Any, what: str) -> str:
+def _name(value: object, what: str) -> str:
     name = _text(value, what, limit=MAX_NAME)
     segments = name.split("/")
     if (
@@ -192,7 +194,7 @@ def _name(value: Any, what: str) -> str:
     return str(name)
 
 
-def swarm_address(value: Any) -> str:
+def swarm_address(value: object) -> str:
     """``value`` checked as a swarm address, ``ip:port``.
 
     Raises:
@@ -209,7 +211,7 @@ def swarm_address(value: Any) -> str:
     return str(text)
 
 
-def _info_hash(value: Any, what: str) -> str | None:
+def _info_hash(value: object, what: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or len(value) != 64 or not _HEX.match(value):
@@ -245,7 +247,7 @@ def check_torrent(
     return raw
 
 
-def _offer(raw: Any, i: int) -> FileOffer:
+def _offer(raw: object, i: int) -> FileOffer:
     what = f"files[{i}]"
     if not isinstance(raw, dict):
         raise ManifestError(f"{what} is not an object")
@@ -255,14 +257,14 @@ def _offer(raw: Any, i: int) -> FileOffer:
         name=name,
         url=_text(raw.get("url"), f"{what}.url"),
         size=size,
-        etag=_text(raw.get("etag"), f"{what}.etag", optional=True, limit=1024),
-        last_modified=_text(raw.get("last_modified"), f"{what}.last_modified", optional=True),
+        etag=_optional_text(raw.get("etag"), f"{what}.etag", limit=1024),
+        last_modified=_optional_text(raw.get("last_modified"), f"{what}.last_modified"),
         done=_count(raw.get("done", 0), f"{what}.done", size),
         info_hash=_info_hash(raw.get("info_hash"), f"{what}.info_hash"),
     )
 
 
-def parse(doc: Any, peer: str, key: str) -> Manifest:
+def parse(doc: object, peer: str, key: str) -> Manifest:
     """The manifest a peer sent for the model ``key`` (its torrents, fetched by their
     info hash, are checked by ``check_torrent``).
 

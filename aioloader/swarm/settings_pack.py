@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .torrents import libtorrent
 
 __all__ = ["settings_pack"]
 
 
-def settings_pack(host: str, port: int, rate: int) -> dict[str, Any]:
+def settings_pack(host: str, port: int, rate: int) -> dict[str, str | int | bool]:
     """The session's settings: listening on ``host:port`` only, private (no DHT, local
     discovery, UPnP or NAT-PMP), TCP only (µTP held peers to a few MB/s), every torrent
     active, ``rate`` bytes per second each way (0: no cap)."""
     lt = libtorrent()
     listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    settings: dict[str, Any] = {
+    settings: dict[str, str | int | bool] = {
         "listen_interfaces": listen,
         "enable_dht": False,
         "enable_lsd": False,
