@@ -278,6 +278,9 @@ def test_bad_input(http_server: FaultyHttpServer, tmp_path: Path) -> None:
         refused(400, "missing_url", body={"url": 42})
         refused(400, "unsupported_scheme", body={"url": "ftp://host/model.safetensors"})
         refused(400, "unsupported_scheme", body={"url": "/models/llama"})
+        # An unbalanced "[" in the host: its scheme cannot even be read (a 500 before).
+        body = refused(400, "bad_url", body={"url": "https://[::1/models"})
+        assert "[::1/models" in str(body["detail"])
         refused(400, "bad_id", body={"url": allowed + "m.safetensors", "id": "../etc"})
         refused(403, "url_not_allowed", body={"url": "https://elsewhere/m.safetensors"})
         refused(403, "url_not_allowed", body={"url": allowed + "../secret.safetensors"})

@@ -343,7 +343,7 @@ async def test_the_allow_list_judges_what_the_fetch_reads(
                     status = response.status
                 # The str ones are the running fetches' requests (their url_policy).
                 posted = [j for j in judged if not isinstance(j, str)]
-                if status not in (202, 403):  # refused before any check (400, a 500 bug)
+                if status not in (202, 403):  # refused before any check (a 400)
                     assert posted == [] and fetched == [], url
                     continue
                 assert len(posted) == 1, (url, judged)

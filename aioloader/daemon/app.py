@@ -132,7 +132,10 @@ def check_url(url: object, allow: AllowList | None = None) -> Location:
         where: Location | None = locate(url)
     except ConfigError as exc:  # a scheme no backend reads, a malformed hf:// URL ...
         where, malformed = None, exc
-    scheme = scheme_of(url) if where is None else where.scheme.name
+    try:
+        scheme = scheme_of(url) if where is None else where.scheme.name
+    except ConfigError as exc:  # not even a scheme to read: an unbalanced "[" in the host
+        raise RequestError(400, "bad_url", str(exc)) from None
     if scheme not in remote_names():
         raise RequestError(
             400,
