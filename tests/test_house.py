@@ -262,6 +262,7 @@ async def test_an_hf_load_parses_its_url_once(
     import aioloader.sources.hf.source
     import aioloader.sources.stores
     from aioloader import load_model
+    from aioloader.sources import auto
     from aioloader.sources.hf import url as hf_url
 
     from .helpers import some_big, write_sharded
@@ -271,12 +272,15 @@ async def test_an_hf_load_parses_its_url_once(
     hub.commit("org/sharded", {p.name: p.read_bytes() for p in folder.iterdir()})
     assert aioloader.sources.hf.source and aioloader.sources.stores
     calls = _count_calls(monkeypatch, hf_url.parse_hf_url)
+    schemes = _count_calls(monkeypatch, auto.scheme_of)
     for url in ("hf://org/sharded", "hf://org/sharded@main/"):
         for _ in range(2):  # cold, then warm from the hub cache (warm_start.py)
             calls.clear()
+            schemes.clear()
             assert len(await load_model(url)) == len(some_big(1))
             assert calls.count(url) == 1, calls
             assert calls == [url], calls  # nor any file of it, joined by the source
+            assert schemes.count(url) == 1, schemes  # its scheme read once too
 
 
 def _allow_list_urls() -> list[str]:

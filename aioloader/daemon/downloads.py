@@ -334,7 +334,7 @@ class Downloads:
             settings = {k: v for k, v in kwargs.items() if k != "progress"}
             options = LoadOptions.build(**settings)
             cached: CachedModel = await self._coordinator.fetch(
-                record.url, self._cache, options, kwargs["progress"]
+                record.where, self._cache, options, kwargs["progress"]
             )
         finally:
             reads = self._coordinator.reads.get(model_key(record.url))

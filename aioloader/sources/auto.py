@@ -14,9 +14,9 @@ from ..errors import ConfigError
 from ..runtime.threads import Lanes
 from ..settings.values import HttpOptions, S3Options
 from .base import Source
-from .schemes import listed, scheme_named
+from .schemes import Scheme, listed, scheme_named
 
-__all__ = ["scheme_of", "source_for", "store_of", "unsupported"]
+__all__ = ["backend_of", "scheme_of", "source_for", "store_of", "unsupported"]
 
 
 def scheme_of(url: str) -> str:
@@ -33,8 +33,7 @@ def scheme_of(url: str) -> str:
     return "file" if len(scheme) <= 1 else scheme
 
 
-def _is_azure(url: str) -> bool:
-    scheme = scheme_of(url)
+def _is_azure(url: str, scheme: str) -> bool:
     if scheme not in ("az", "https"):
         return False
     from .azure.url import is_azure_url
@@ -42,8 +41,9 @@ def _is_azure(url: str) -> bool:
     return scheme == "az" or is_azure_url(url)
 
 
-def store_of(url: str) -> str:
-    """The store ``url`` is read from, the key a long-lived Loader keeps a Source under.
+def store_of(url: str, scheme: str | None = None) -> str:
+    """The store ``url`` is read from, the key a long-lived Loader keeps a Source under
+    (``scheme``: ``scheme_of(url)`` where the caller has it already).
 
     One Source serves one store with one set of credentials: an Azure account (its
     endpoint and name: a SAS or token for one account must never reach another host),
@@ -51,11 +51,18 @@ def store_of(url: str) -> str:
     configured for it (HTTP headers only to the URL's own origin; S3 and GCS only to
     their one endpoint; the Hugging Face token only to the Hub's endpoint).
     """
-    if _is_azure(url):
+    scheme = scheme_of(url) if scheme is None else scheme
+    if _is_azure(url, scheme):
         from .azure.url import azure_store
 
         return f"azure {azure_store(url)}"
-    return scheme_of(url)
+    return scheme
+
+
+def backend_of(url: str, scheme: str) -> Scheme | None:
+    """The row of the backend that reads ``url`` (whose scheme is ``scheme``): an Azure
+    account's https URLs are Azure's; None where no backend reads it."""
+    return scheme_named("az") if _is_azure(url, scheme) else scheme_named(scheme)
 
 
 def unsupported(url: str) -> ConfigError:
@@ -73,16 +80,18 @@ def source_for(
     http: HttpOptions | None = None,
     s3: S3Options | None = None,
     hf_check: Any = None,
+    backend: Scheme | None = None,
 ) -> Source:
     """A new Source able to read ``url``, with the threads of ``lanes`` (owned by the
     caller, closed after the source); ``lanes.concurrency`` bounds its requests.
     ``hf_check`` is how an ``hf://`` source checks a branch the hub cache holds (a
-    ``RevisionCheck``, sources/hf/revision.py; None: the defaults).
+    ``RevisionCheck``, sources/hf/revision.py; None: the defaults). ``backend``: its
+    row where the caller found it already (``locate``), else found here.
 
     Raises:
         ConfigError: no backend reads this kind of URL.
     """
-    row = scheme_named("az") if _is_azure(url) else scheme_named(scheme_of(url))
+    row = backend if backend is not None else backend_of(url, scheme_of(url))
     if row is None:
         raise unsupported(url)
     module = importlib.import_module(f"{__package__}.{row.module}")

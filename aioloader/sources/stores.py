@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..runtime.resource import AsyncResource
 from ..runtime.threads import Lanes
 from ..settings.options import LoadOptions
-from .auto import scheme_of, source_for, store_of, unsupported
+from .auto import backend_of, scheme_of, source_for, store_of, unsupported
 from .base import Source
 from .schemes import Scheme, scheme_named
 from .url_parts import UrlParts, url_parts
@@ -49,12 +49,15 @@ class Location:
         scheme: the first URL's scheme's row.
         store: the store its Source is kept under (``store_of``).
         hf: the place on the Hub of a single ``hf://`` URL; None otherwise.
+        backend: the row of the backend that reads it (an Azure account's https URLs
+            are Azure's); None: found when its Source is built.
     """
 
     url: str | tuple[str, ...]
     scheme: Scheme
     store: str
     hf: HfLocation | None = None
+    backend: Scheme | None = None
 
     @property
     def first(self) -> str:
@@ -70,7 +73,7 @@ class Location:
         """The location of a place on the Hub, parsed already (no URL read again)."""
         row = scheme_named("hf")
         assert row is not None
-        return cls(hf.url(), row, "hf", hf)
+        return cls(hf.url(), row, "hf", hf, row)
 
     @cached_property
     def parts(self) -> UrlParts:
@@ -94,20 +97,23 @@ def locate(url: URL) -> Location:
     urls = (url,) if isinstance(url, str) else tuple(url)
     if not urls:
         raise ConfigError("an empty list of URLs was given; pass at least one file")
-    stores = {store_of(u) for u in urls}
+    schemes = [scheme_of(u) for u in urls]  # each URL's scheme read once
+    stores = {store_of(u, scheme) for u, scheme in zip(urls, schemes, strict=True)}
     if len(stores) > 1:
         raise ConfigError(
             f"the URLs are in different stores ({', '.join(sorted(stores))}); load them separately"
         )
-    row = scheme_named(scheme_of(urls[0]))
-    if row is None:
+    row = scheme_named(schemes[0])
+    backend = backend_of(urls[0], schemes[0])
+    if row is None or backend is None:
         raise unsupported(urls[0])
     hf = None
     if row.name == "hf" and isinstance(url, str):
         from .hf.url import parse_hf_url
 
         hf = parse_hf_url(url)
-    return Location(url if isinstance(url, str) else urls, row, stores.pop(), hf)
+    where = url if isinstance(url, str) else urls
+    return Location(where, row, stores.pop(), hf, backend)
 
 
 class Stores(AsyncResource):
@@ -150,6 +156,7 @@ class Stores(AsyncResource):
                 http=self.options.http,
                 s3=self.options.s3,
                 hf_check=check,
+                backend=where.backend,
             )
         if where.hf is not None:  # its reads of where.first take this place, parsed once
             cast("HfSource", source).know(where.first, where.hf)

@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from ..cache.fetch import Progress
     from ..cache.model_cache import ModelCache
     from ..cache.records import CachedModel
+    from ..sources.stores import Location
 
 __all__ = ["LEAD_CHUNK", "Coordinator"]
 
@@ -208,19 +209,20 @@ class Coordinator(Offers):
 
     async def fetch(
         self,
-        url: str,
+        where: Location,
         cache: ModelCache,
         options: LoadOptions,
         progress: Progress | None = None,
     ) -> CachedModel:
-        """``cache.fetch(url, options=options, progress=progress)`` through the swarm;
-        returns its CachedModel. Fetches of one model take turns."""
-        key = model_key(url)
+        """``cache.fetch(where, options=options, progress=progress)`` through the swarm
+        (``where``: the model's URL as the daemon parsed and judged it); returns its
+        CachedModel. Fetches of one model take turns."""
+        key = model_key(where.first)
         lock, users = self._turns.get(key, (asyncio.Lock(), 0))
         self._turns[key] = (lock, users + 1)
         try:
             async with lock:
-                return await self._fetch_alone(key, url, cache, options, progress)
+                return await self._fetch_alone(key, where, cache, options, progress)
         finally:
             lock, users = self._turns[key]
             if users == 1:
@@ -231,14 +233,14 @@ class Coordinator(Offers):
     async def _fetch_alone(
         self,
         key: str,
-        url: str,
+        where: Location,
         cache: ModelCache,
         options: LoadOptions,
         progress: Progress | None,
     ) -> CachedModel:
         self._fetching.add(key)
         try:
-            return await self._fetch(key, url, cache, options, progress)
+            return await self._fetch(key, where, cache, options, progress)
         except BaseException:
             manifest = self.manifests.get(key)
             if manifest is not None and manifest.state != "complete":
@@ -250,11 +252,12 @@ class Coordinator(Offers):
     async def _fetch(
         self,
         key: str,
-        url: str,
+        where: Location,
         cache: ModelCache,
         options: LoadOptions,
         progress: Progress | None,
     ) -> CachedModel:
+        url = where.first
         reads = self.reads.setdefault(key, Reads())  # over every try of the model
         manifest = self.manifests.setdefault(key, Manifest(key, url, self.node, self.advertised))
         if manifest.state != "complete":
@@ -272,7 +275,7 @@ class Coordinator(Offers):
             supply = self._supply(key, reads, route, cache)
             fetching = options if dealt.whole is not None else _leading(options)
             try:
-                work = cache.fetch(url, options=fetching, progress=progress, supply=supply)
+                work = cache.fetch(where, options=fetching, progress=progress, supply=supply)
                 followed = list(route.followed.values())
                 cached = await (watched(work, followed) if followed else work)
             except LoaderError as exc:
