@@ -335,3 +335,40 @@ async def test_a_file_this_node_seeds_is_read_where_it_is_seeded(
     await download.aclose()
     assert node.seeding(info_hash(torrent))
     assert not (tmp_path / "in").exists()
+
+
+async def test_alerts_are_read_while_the_loop_adds_and_removes_torrents(
+    tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    """The lane reads the alerts and every torrent's counts while the event loop takes
+    torrents out and puts them back: the lane iterated the loop's own dict of handles,
+    and a removal meanwhile was "dictionary changed size during iteration"."""
+    files = tmp_path / "files"
+    files.mkdir()
+    torrents = []
+    for i in range(60):
+        path = files / f"f{i}"
+        path.write_bytes(os.urandom(64 << 10))
+        torrents.append((await asyncio.to_thread(make_torrent, path, path.name), path))
+    swarm = await _swarm(swarms, 79, [])
+    for torrent, path in torrents:
+        await swarm.seed(torrent, path)
+    keys = [info_hash(t) for t, _ in torrents]
+
+    async def reading() -> None:
+        for _ in range(40):
+            await swarm.refresh()
+
+    async def churning() -> None:
+        for round in range(20):
+            for key in keys[round % 2 :: 2]:  # taken out at once, each while a read runs
+                await asyncio.sleep(0)
+                task = asyncio.ensure_future(swarm.remove(key))
+                await asyncio.sleep(0)
+                await task
+            for torrent, path in torrents[round % 2 :: 2]:
+                await swarm.seed(torrent, path)
+
+    async with asyncio.timeout(120):
+        await asyncio.gather(reading(), reading(), churning())
+    assert sorted((await swarm.refresh()).uploaded) == sorted(keys)  # each held again

@@ -14,9 +14,9 @@ files included.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from ..errors import CacheError, ConfigError, DigestMismatchError, LoaderError
@@ -141,6 +141,17 @@ class Fetcher:
             return await run_blocking(self.executor, fn, on_abandon)
         except OSError as exc:
             raise cache_error(exc, self.cache.root, f"{doing} {url}") from exc
+
+    @contextmanager
+    def _landed(self, url: str) -> Iterator[None]:
+        """A delivery's ``OSError`` (its writer could not write this cache's file: a full
+        disk, a size limit) is this cache's error for ``url``, nobody else's."""
+        try:
+            yield
+        except LoaderError:
+            raise  # a source's or a supply's (a TimeoutError among them)
+        except OSError as exc:
+            raise cache_error(exc, self.cache.root, f"writing {url}") from exc
 
     async def _file(self, blob: Blob, delivery: Delivery | None, place: int) -> int:
         """Make one file complete (``place``: its turn among the fetch's files; its
@@ -286,7 +297,8 @@ class Fetcher:
         file's place, ``start``), the order the read slots go in."""
         start = key[1]
         if delivery is not None:  # bytes on their way wait without a slot
-            await delivery.ready(start, end)
+            with self._landed(blob.url):
+                await delivery.ready(start, end)
         async with self.limiter.turn(key):
             buffer = self.free.pop() if self.free else bytearray(self.piece)
             try:
@@ -312,13 +324,15 @@ class Fetcher:
             await gather(self._copy(blob, delivery, partial, (place, s), e) for s, e in missing)
         else:
             await gather(self._land(landing, partial, blob.url, s, e) for s, e in missing)
-            await landing.verified()
+            with self._landed(blob.url):
+                await landing.verified()
 
     async def _land(
         self, landing: Arrival, partial: PartialFile, url: str, start: int, end: int
     ) -> None:
         """Take bytes ``[start, end)`` into ``partial`` once its blob wrote them there."""
-        await landing.arrived(start, end)
+        with self._landed(url):
+            await landing.arrived(start, end)
         await self._blocking(lambda: partial.adopt(start, end), url, "writing")
         self.meter.add(end - start)
 

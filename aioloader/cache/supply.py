@@ -29,7 +29,9 @@ class Arrival(Protocol):
     """A file's bytes written straight into its entry's partial file by someone else."""
 
     async def arrived(self, start: int, end: int) -> None:
-        """Return once bytes ``[start, end)`` are in the file, checked by their writer."""
+        """Return once bytes ``[start, end)`` are in the file, checked by their writer;
+        an ``OSError`` where the writer could not write it (this cache's disk: the fetch
+        reports it as the cache's error)."""
 
     async def verified(self) -> None:
         """Return once the whole file matches what its origin publishes of it (at once
@@ -45,7 +47,8 @@ class Delivery:
 
     async def ready(self, start: int, end: int) -> None:
         """Return once a read of ``[start, end)`` would not wait for bytes on their way:
-        a read waits here before it takes one of the fetch's few read slots. Here: at once."""
+        a read waits here before it takes one of the fetch's few read slots (an
+        ``OSError``: they could not be written on this node's disk). Here: at once."""
 
     def landing(self, path: Path) -> AbstractAsyncContextManager[Arrival | None]:
         """Write the missing bytes straight into ``path`` (the entry's partial file, made,

@@ -2,7 +2,9 @@
 
 Its pieces are libtorrent's to move and check (a v2 torrent checks each piece against
 its merkle tree on arrival); this says when a range is whole on disk (``wait_range``),
-or that the swarm stalled (``SwarmStalled``) so that its reader can turn elsewhere.
+that the swarm stalled (``SwarmStalled``) so that its reader can turn elsewhere, or
+that libtorrent could not write the file (an ``OSError``: this node's disk, nobody
+else's).
 Every libtorrent call runs in the session's lane (session.py).
 """
 
@@ -11,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..errors import SourceError
 from ..runtime.threads import Lane, run_blocking
+from .libtorrent_types import TorrentHandle
 from .torrents import describe, info_hash
 
 __all__ = ["Download", "Host", "SwarmError", "SwarmStalled"]
@@ -41,10 +44,14 @@ class Host(Protocol):
     stall: float
     flushes: set[str]  # info hashes whose writes libtorrent flushed since asked
 
-    async def refresh(self) -> Any:
+    @property
+    def failed(self) -> Mapping[str, OSError]:
+        """Info hash -> the error libtorrent met writing (or reading) its file."""
+
+    async def refresh(self) -> object:
         """Read the session's alerts now."""
 
-    async def drop(self, key: str, handle: Any) -> None:
+    async def drop(self, key: str, handle: TorrentHandle) -> None:
         """Take the torrent ``key`` out, if ``handle`` is still the one held for it."""
 
 
@@ -52,7 +59,7 @@ class Download:
     """One file coming from the swarm into ``path``."""
 
     def __init__(
-        self, swarm: Host, handle: Any, torrent: bytes, path: Path, owned: bool = True
+        self, swarm: Host, handle: TorrentHandle, torrent: bytes, path: Path, owned: bool = True
     ) -> None:
         self.swarm = swarm
         self.owned = owned  # False: the session's seed of the file, left to it at ``aclose``
@@ -106,6 +113,7 @@ class Download:
                 return
             have, done, error, down = await run_blocking(self.swarm.lane, self._look)
             self._looked = time.monotonic()
+            self._check_writes()
             if error:
                 raise SwarmError(f"swarm download {self.info_hash[:12]} failed: {error}")
             self._have, self.bytes_from_peers = have, down
@@ -118,6 +126,13 @@ class Download:
                     f"({self.progress:.0%} done)"
                 )
 
+    def _check_writes(self) -> None:
+        """Raise the error libtorrent met writing the file, if it met one: the pieces
+        whose writes failed count as had all the same (alerts.py)."""
+        failed = self.swarm.failed.get(self.info_hash)
+        if failed is not None:
+            raise failed
+
     async def wait_range(self, start: int, end: int) -> None:
         """Return once bytes ``[start, end)`` are checked and on disk.
 
@@ -129,6 +144,8 @@ class Download:
         Raises:
             SwarmStalled: no piece arrived for the swarm's stall time.
             SwarmError: libtorrent reports an error on the torrent.
+            OSError: libtorrent could not write the file (this node's disk: full, over
+                a size limit, failing, read-only).
         """
         end = min(end, self.size)
         if end <= start:
@@ -159,6 +176,7 @@ class Download:
                 while self.info_hash not in swarm.flushes:
                     await asyncio.sleep(_POLL)
                     await swarm.refresh()
+            self._check_writes()  # a write that failed is reported before the flush ends
             self._flushed = have
 
     async def aclose(self) -> None:

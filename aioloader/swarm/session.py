@@ -17,15 +17,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..errors import StartupError
 from ..redact import redacting_logger
 from ..runtime.threads import Lane, run_blocking
+from . import alerts
 from .download import Download, SwarmError, SwarmStalled
+from .libtorrent_types import Session, TorrentHandle
 from .settings_pack import settings_pack
 from .torrents import describe, info_hash, libtorrent
 
@@ -56,18 +57,24 @@ class Swarm:
 
     ``await start()``, then ``seed``/``download``; ``aclose`` removes every torrent and
     stops the session. Use ``async with``.
+
+    The torrents held (``_handles``, ``_seeds``) are the event loop's: only it reads or
+    changes them; a call in the lane is handed what it needs (the alerts' reader, a
+    snapshot of the handles; an add, the handle it replaces) and returns what it made.
     """
 
     def __init__(self, host: str, port: int, *, stall: float = 30.0, rate: int = 0) -> None:
         self.host, self.port, self.stall, self.rate = host, port, stall, rate
         self.lane = Lane("swarm", 1)
-        self._session: Any = None
-        self._handles: dict[str, Any] = {}
+        self._session: Session | None = None
+        self._handles: dict[str, TorrentHandle] = {}
         self._seeds: dict[str, Path] = {}  # info hash -> the file seeded (``seed``)
         self._pump: asyncio.Task[None] | None = None
+        self._counts: dict[str, tuple[int, int]] = {}
         self._banned = self._blocked = self._failures = 0
         self._allowed: list[str] = []
         self.flushes: set[str] = set()  # info hashes whose writes libtorrent flushed
+        self.failed: dict[str, OSError] = {}  # info hash -> its file's error (alerts.py)
 
     def __repr__(self) -> str:
         return f"<Swarm {self.host}:{self.port} torrents={len(self._handles)}>"
@@ -113,11 +120,11 @@ class Swarm:
                 ):
                     self._session = session
                     self.port = int(alert.port)  # with port 0, µTP's socket has its own
-                    self._filter()
+                    self._filter(session)
                     return
         raise StartupError(f"the swarm did not start listening on {self.host}:{self.port}")
 
-    def _filter(self) -> None:
+    def _filter(self, session: Session) -> None:
         lt = libtorrent()
         rules = lt.ip_filter()
         rules.add_rule("0.0.0.0", "255.255.255.255", 1)
@@ -125,32 +132,58 @@ class Swarm:
         for ip in {*self._allowed, self.host}:
             if ip not in ("0.0.0.0", "::"):
                 rules.add_rule(ip, ip, 0)
-        self._session.set_ip_filter(rules)
+        session.set_ip_filter(rules)
 
     async def allow(self, ips: Iterable[str]) -> None:
         """Let only these addresses (and this node's own) connect, either way."""
         self._allowed = sorted(set(ips))
-        await run_blocking(self.lane, self._filter)
+        session = self._session
+        if session is not None:  # else: applied once it listens (``start``)
+            await run_blocking(self.lane, lambda: self._filter(session))
 
-    def _remove(self, key: str, handle: Any) -> None:
+    @staticmethod
+    def _remove(session: Session, key: str, handle: TorrentHandle) -> None:
         """Take a torrent out and wait until it is gone (its writes ended: libtorrent
         lets a torrent go once its storage stopped)."""
-        self._session.remove_torrent(handle)
+        session.remove_torrent(handle)
         deadline = time.monotonic() + 10
         while handle.is_valid():
             if time.monotonic() > deadline:
                 raise SwarmError(f"swarm torrent {key[:12]}: not removed within 10 s")
             time.sleep(0.005)
 
-    def _add(self, torrent: bytes, folder: Path, name: str | None, seed: bool) -> Any:
-        lt = libtorrent()
+    async def _added(
+        self, torrent: bytes, add: Callable[[TorrentHandle | None], TorrentHandle]
+    ) -> TorrentHandle:
+        """Run ``add`` in the lane, handed the torrent's handle it replaces (if any), and
+        hold the handle it returns (one added by a call abandoned meanwhile too: the
+        session has it)."""
         key = info_hash(torrent)
         old = self._handles.pop(key, None)
         self._seeds.pop(key, None)
+        self.failed.pop(key, None)
+
+        def hold(handle: TorrentHandle) -> None:
+            self._handles[key] = handle
+
+        handle = await run_blocking(self.lane, lambda: add(old), on_abandon=hold)
+        hold(handle)
+        return handle
+
+    def _add(
+        self,
+        session: Session,
+        old: TorrentHandle | None,
+        torrent: bytes,
+        folder: Path,
+        name: str | None,
+        seed: bool,
+    ) -> TorrentHandle:
+        lt = libtorrent()
         if old is not None:
             # Removal is asynchronous: a torrent added again before it is gone would get
             # the old, dying handle back (and "invalid torrent handle" on its next use).
-            self._remove(key, old)
+            self._remove(session, info_hash(torrent), old)
         params = lt.add_torrent_params()
         params.ti = lt.torrent_info(torrent)
         params.save_path = str(folder)
@@ -165,15 +198,17 @@ class Swarm:
             # none of its pieces is there yet, and hashing it to find out reads it whole.
             flags |= lt.torrent_flags.no_verify_files
         params.flags = flags
-        handle = self._handles[key] = self._session.add_torrent(params)
+        handle = session.add_torrent(params)
         handle.resume()  # not auto-managed: nothing else would start it
         return handle
 
     async def seed(self, torrent: bytes, path: Path) -> None:
         """Offer the file at ``path`` (checked already: its cache entry) as ``torrent``;
         a download of the same torrent is replaced."""
-        self._check_open()
-        await run_blocking(self.lane, lambda: self._add(torrent, path.parent, path.name, True))
+        session = self._open_session()
+        await self._added(
+            torrent, lambda old: self._add(session, old, torrent, path.parent, path.name, True)
+        )
         self._seeds[info_hash(torrent)] = path
 
     async def download(
@@ -196,7 +231,7 @@ class Swarm:
         leave it more slowly: a share each, traded among the followers, makes its
         upload count once (8 nodes, 40 MB/s links: 256 MiB in 10.5 s, 14 s without).
         """
-        self._check_open()
+        session = self._open_session()
         key = info_hash(torrent)
         seeded = self._seeds.get(key) if into is None else None
         if seeded is not None:
@@ -207,13 +242,14 @@ class Swarm:
             return Download(self, self._handles[key], torrent, seeded, owned=False)
         path = folder / describe(torrent)[0] if into is None else into
 
-        def add() -> Any:
-            handle = self._add(torrent, path.parent, None if into is None else path.name, False)
+        def add(old: TorrentHandle | None) -> TorrentHandle:
+            name = None if into is None else path.name
+            handle = self._add(session, old, torrent, path.parent, name, False)
             if share is not None:
                 handle.prioritize_pieces(_share(handle.torrent_file().num_pieces(), *share))
             return handle
 
-        handle = await run_blocking(self.lane, add)
+        handle = await self._added(torrent, add)
         download = Download(self, handle, torrent, path)
         download.connect(peers)
         await run_blocking(self.lane, download._look)  # connects now
@@ -228,53 +264,54 @@ class Swarm:
         if handle is not None:
             await self.drop(key, handle)
 
-    async def drop(self, key: str, handle: Any) -> None:
+    async def drop(self, key: str, handle: TorrentHandle) -> None:
         """Take the torrent ``key`` out, if ``handle`` is still the one held for it;
         returns once it is gone (it writes nothing more)."""
-        if self._handles.get(key) is not handle or self._session is None:
+        session = self._session
+        if self._handles.get(key) is not handle or session is None:
             return  # replaced (by a seed of the same file) or gone
         del self._handles[key]
         self._seeds.pop(key, None)
-        await run_blocking(self.lane, lambda: self._remove(key, handle))
+        self.failed.pop(key, None)
+        await run_blocking(self.lane, lambda: self._remove(session, key, handle))
 
-    def _check_open(self) -> None:
+    def _open_session(self) -> Session:
         if self._session is None:
             raise SwarmError("the swarm is closed")
+        return self._session
 
-    def _alerts(self) -> dict[str, tuple[int, int]]:
-        lt = libtorrent()
-        for alert in self._session.pop_alerts():
-            if isinstance(alert, lt.peer_ban_alert):
-                self._banned += 1
-                logger.warning("swarm: banned a peer: %s", alert.message())
-            elif isinstance(alert, lt.peer_blocked_alert):
-                self._blocked += 1
-                logger.info("swarm: refused a peer outside the list: %s", alert.message())
-            elif isinstance(alert, lt.hash_failed_alert):
-                self._failures += 1
-            elif isinstance(alert, lt.cache_flushed_alert):
-                self.flushes.add(str(alert.handle.info_hashes().v2))
-            elif alert.category() & lt.alert_category.error:
-                logger.warning("swarm: %s", alert.message())
-        counts = {}
-        for key, handle in self._handles.items():
-            status = handle.status(0)
-            counts[key] = (int(status.total_payload_download), int(status.total_payload_upload))
-        return counts
+    async def _read_alerts(self) -> None:
+        """Read the session's alerts and the held torrents' counts, in the lane: handed
+        the handles as they are now (the loop's dict changes while the lane reads; a
+        handle dropped after this snapshot leaves the session after it, in the lane)."""
+        session = self._open_session()
+        handles = list(self._handles.items())
+        found = await run_blocking(self.lane, lambda: alerts.read(session, handles))
+        self._counts = found.counts
+        self._banned += found.banned
+        self._blocked += found.blocked
+        self._failures += found.hash_failures
+        self.flushes |= found.flushed
+        for key, error in found.failed.items():
+            if key in self._handles and key not in self.failed:
+                logger.error(
+                    "swarm: torrent %s: its file failed on this node: %s", key[:12], error
+                )
+                self.failed[key] = error
 
     async def _pumping(self) -> None:
         while True:
-            self._counts = await run_blocking(self.lane, self._alerts)
+            await self._read_alerts()
             await asyncio.sleep(_PUMP)
 
     async def refresh(self) -> SwarmStatistics:
         """Read the session's alerts now; the statistics after them."""
         if self._session is not None:
-            self._counts = await run_blocking(self.lane, self._alerts)
+            await self._read_alerts()
         return self.statistics()
 
     def statistics(self) -> SwarmStatistics:
-        counts: dict[str, tuple[int, int]] = getattr(self, "_counts", {})
+        counts = self._counts
         return SwarmStatistics(
             {k: d for k, (d, _) in counts.items()},
             {k: u for k, (_, u) in counts.items()},
@@ -290,11 +327,12 @@ class Swarm:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pump
             self._pump = None
-        held, self._session = [self._session], None
+        held: list[Session] = [] if self._session is None else [self._session]
+        self._session = None
         self._handles.clear()
         self._seeds.clear()
         try:
-            if held[0] is not None:
+            if held:
 
                 def stop() -> None:
                     session = held.pop()

@@ -4,7 +4,7 @@ arrival), private (no DHT, no peer exchange, no tracker).
 A model's files are torrents of their own: a node that pulls a model from the origin
 publishes each file as soon as it is in its cache, and the others start on it while
 the next one downloads. Calls here block (hashing a file reads it whole): run them in
-a thread. libtorrent is imported here and in session.py only.
+a thread. libtorrent is imported here only (``libtorrent()``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from ..errors import ConfigError
+from .libtorrent_types import Libtorrent, TorrentInfo
 
 __all__ = ["MIN_PIECE", "describe", "info_hash", "libtorrent", "make_torrent"]
 
@@ -24,8 +25,9 @@ MIN_PIECE = 1 << 20
 _LARGE = 64 << 20
 
 
-def libtorrent() -> Any:
-    """The libtorrent module, or a ConfigError naming the extra that brings it."""
+def libtorrent() -> Libtorrent:
+    """The libtorrent module, or a ConfigError naming the extra that brings it; typed as
+    the members aioloader uses (libtorrent_types.py), narrowed here, once."""
     try:
         import libtorrent as lt
     except ImportError as exc:
@@ -33,7 +35,7 @@ def libtorrent() -> Any:
             f"sharing models with peers (--peers) needs libtorrent ({exc}); install "
             "aioloader[swarm], or Debian's python3-libtorrent"
         ) from None
-    return lt
+    return cast(Libtorrent, lt)
 
 
 def make_torrent(path: Path, name: str) -> bytes:
@@ -53,7 +55,7 @@ def make_torrent(path: Path, name: str) -> bytes:
     return bytes(lt.bencode(creator.generate()))
 
 
-def _info(torrent: bytes) -> Any:
+def _info(torrent: bytes) -> TorrentInfo:
     lt = libtorrent()
     try:
         return lt.torrent_info(torrent)

@@ -1,0 +1,76 @@
+"""What the swarm session's alerts say (``read``), read in the session's lane.
+
+A call here is handed what it reads (the session, the torrents held, as the event loop
+sees them when it asks) and returns what it found (``Alerts``), which the loop takes
+in (session.py): nothing here touches the loop's state.
+
+A file libtorrent cannot write or read (``file_error_alert``: a full disk, a file size
+limit, an I/O error, a read-only file system) is this node's failure, not a peer's:
+``local_error`` is the ``OSError`` it is. libtorrent 2.1 reports it by that alert only:
+the torrent carries no error, and the pieces whose writes failed still count as had.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..redact import redacting_logger
+from .libtorrent_types import FileErrorAlert, Session, TorrentAlert, TorrentHandle
+from .torrents import libtorrent
+
+__all__ = ["Alerts", "local_error", "read"]
+
+logger = redacting_logger(__name__)
+
+_ERRNO_CATEGORIES = ("system", "generic")  # error codes whose values are errno's
+
+
+@dataclass
+class Alerts:
+    """What one read of the session's alerts found."""
+
+    counts: dict[str, tuple[int, int]]  # info hash -> (bytes in, bytes out), per torrent held
+    banned: int = 0  # peers banned (their data failed a piece's hash)
+    blocked: int = 0  # connections refused by the IP filter
+    hash_failures: int = 0
+    flushed: set[str] = field(default_factory=set)  # info hashes whose writes were flushed
+    failed: dict[str, OSError] = field(default_factory=dict)  # info hash -> its file's error
+
+
+def read(session: Session, handles: list[tuple[str, TorrentHandle]]) -> Alerts:
+    """Pop the session's alerts; the counts of ``handles`` (info hash, handle) after them."""
+    lt = libtorrent()
+    found = Alerts({})
+    for alert in session.pop_alerts():
+        if isinstance(alert, lt.file_error_alert):
+            found.failed.setdefault(key_of(alert), local_error(alert))
+        elif isinstance(alert, lt.peer_ban_alert):
+            found.banned += 1
+            logger.warning("swarm: banned a peer: %s", alert.message())
+        elif isinstance(alert, lt.peer_blocked_alert):
+            found.blocked += 1
+            logger.info("swarm: refused a peer outside the list: %s", alert.message())
+        elif isinstance(alert, lt.hash_failed_alert):
+            found.hash_failures += 1
+        elif isinstance(alert, lt.cache_flushed_alert):
+            found.flushed.add(key_of(alert))
+        elif alert.category() & lt.alert_category.error:
+            logger.warning("swarm: %s", alert.message())
+    for key, handle in handles:
+        status = handle.status(0)
+        found.counts[key] = (int(status.total_payload_download), int(status.total_payload_upload))
+    return found
+
+
+def local_error(alert: FileErrorAlert) -> OSError:
+    """The ``OSError`` of a file libtorrent could not write or read: its errno where the
+    error is the system's, and the file's path."""
+    error = alert.error
+    if error.category().name() in _ERRNO_CATEGORIES and error.value():
+        return OSError(error.value(), error.message(), alert.filename())
+    return OSError(f"{alert.filename()}: {error.message()}")
+
+
+def key_of(alert: TorrentAlert) -> str:
+    """The info hash (hex) of the torrent an alert is about."""
+    return str(alert.handle.info_hashes().v2)
