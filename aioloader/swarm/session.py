@@ -294,9 +294,7 @@ class Swarm:
         self.flushes |= found.flushed
         for key, error in found.failed.items():
             if key in self._handles and key not in self.failed:
-                logger.error(
-                    "swarm: torrent %s: its file failed on this node: %s", key[:12], error
-                )
+                logger.error("swarm: torrent %s: its file failed on this node: %s", key[:12], error)
                 self.failed[key] = error
 
     async def _pumping(self) -> None:
