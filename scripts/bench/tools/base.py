@@ -71,7 +71,7 @@ def import_for_load(target: str | list[str]) -> None:
     from aioloader.sources.schemes import scheme_named
 
     aioloader.Loader  # noqa: B018 - the lazy attribute imports aioloader.api
-    for module in ("pipeline", "devices.cpu", "ranks", "stream"):
+    for module in ("load.pipeline", "devices.cpu", "ranks.strategy", "load.stream"):
         importlib.import_module(f"aioloader.{module}")
     first = target if isinstance(target, str) else target[0]
     row = scheme_named(scheme_of(first))
