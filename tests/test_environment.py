@@ -82,14 +82,15 @@ def test_every_variable_the_package_names_is_a_row() -> None:
     assert {k.variable for k in KEYWORDS if k.env} <= known_variables()
 
 
-def test_only_the_environment_module_reads_the_environment() -> None:
-    """One reader: no other module looks a variable of aioloader's up by itself."""
+def test_only_the_resolver_reads_the_environment() -> None:
+    """One reader (settings/resolver.py): no other module looks a variable of
+    aioloader's up by itself."""
     readers = set()
     for path in PACKAGE.rglob("*.py"):
         for line in path.read_text().splitlines():
             if re.search(r"environ|getenv", line) and "AIOLOADER_" in line:
                 readers.add(path.relative_to(PACKAGE).as_posix())
-    assert readers <= {"environment.py"}
+    assert readers <= {"settings/resolver.py"}
 
 
 def test_the_command_line_says_a_misspelt_variable(tmp_path: Path) -> None:
