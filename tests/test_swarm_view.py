@@ -185,7 +185,7 @@ def test_a_follower_of_a_node_itself_behind_is_told_so() -> None:
     b = cluster.nodes[1]
     line = diagnose(cluster, b, b.models[0])
     assert line == (
-        f"following {A[:8]} for shard-1, which is itself at 45% "
+        f"following {A[:8]} for shard-1 (here 30.0%), which is itself at 45% "
         "(pulling it from the origin at 3.00 MiB/s)"
     )
 
@@ -193,7 +193,9 @@ def test_a_follower_of_a_node_itself_behind_is_told_so() -> None:
 def test_a_puller_says_its_origin_rate_and_a_follower_of_a_dead_node_says_so() -> None:
     cluster = _three()
     a, _, c = cluster.nodes
-    assert diagnose(cluster, a, a.models[0]) == "pulling shard-1 from the origin at 3.00 MiB/s"
+    assert diagnose(cluster, a, a.models[0]) == (
+        "pulling shard-1 (here 45.0%) from the origin at 3.00 MiB/s"
+    )
     line = diagnose(cluster, c, c.models[0])
     assert line is not None and "does not answer: no answer within 1 s" in line
 
@@ -210,6 +212,24 @@ def test_no_peers_an_idle_origin_and_waiting_are_told() -> None:
     assert "not decided yet" in (diagnose(cluster, waiting, waiting.models[0]) or "")
 
 
+def test_the_line_names_what_holds_the_node_back_most_not_the_file_furthest_behind() -> None:
+    """Node 7 follows A for shard-1 (9 %, A itself at 45 %) and B for shard-2 (31 %, B
+    holds it whole): no peer connected for shard-2 is what to fix first."""
+    a = _node(A, _file(rate=3 * MIB))
+    b = _node(B, _file("shard-2", done=100 * MIB, role="holds"), state="complete")
+    seven = _node(
+        C,
+        _file(done=9 * MIB, role="follows", follows=A, rate=MIB, peers=1),
+        _file("shard-2", done=31 * MIB, role="follows", follows=B, peers=0),
+        state="following",
+    )
+    cluster = ClusterView((a, b, seven))
+    assert diagnose(cluster, seven, seven.models[0]) == (
+        f"following {B[:8]} for shard-2 (here 31.0%), which has it whole, but no peers "
+        "connected; 1 more file(s) not whole"
+    )
+
+
 def test_the_table_shows_every_node_and_file_and_the_unreachable() -> None:
     lines = render(_three())
     text = "\n".join(lines)
@@ -220,6 +240,7 @@ def test_the_table_shows_every_node_and_file_and_the_unreachable() -> None:
     assert "45.0%" in text and "30.0%" in text
     assert "unreachable 10.0.0.d:8790: no answer within 1 s" in text
     assert text.count("\n  ") >= 6
+    assert all(line == line.rstrip() for line in lines)
 
 
 def test_an_empty_cluster_says_so() -> None:

@@ -51,62 +51,85 @@ def _flags(model: ModelView) -> list[str]:
     return found
 
 
-def _behind(model: ModelView) -> FileView | None:
-    """The file of ``model`` furthest from whole here, if one is."""
-    unfinished = [
-        f for f in model.files if f.role in ("origin", "follows", "waiting") or f.done < f.size
-    ]
-    if not unfinished:
-        return None
-    return min(unfinished, key=lambda f: f.fraction if f.fraction is not None else 1.0)
+def _unfinished(model: ModelView) -> list[FileView]:
+    """The files of ``model`` not whole here."""
+    moving = ("origin", "follows", "waiting")
+    return [f for f in model.files if f.role in moving or f.done < f.size]
 
 
-def _following(cluster: ClusterView, model: ModelView, file: FileView) -> str:
+def _here(file: FileView) -> str:
+    return f" (here {_done(file)})" if file.fraction is not None else ""
+
+
+def _following(cluster: ClusterView, model: ModelView, file: FileView) -> tuple[int, str]:
     name = _short(file.name)
     followed = cluster.node(file.follows) if file.follows is not None else None
     shown = (file.follows or "?")[:8]
     if followed is None:
         gone = next((u for u in cluster.unreachable if u.api == file.follows_api), None)
         if gone is not None:
-            return (
+            return 0, (
                 f"following {shown} ({gone.api}) for {name}, which does not answer: {gone.reason}"
             )
-        return f"following {shown} for {name}, which is not in the view (gone, or not listed)"
+        return 0, f"following {shown} for {name}, which is not in the view (gone, or not listed)"
     theirs = followed.model(model.key)
     their = theirs.file(file.name) if theirs is not None else None
     if their is None:
-        return f"following {shown} for {name}, which does not list the file (any more)"
+        return 2, f"following {shown} for {name}, which does not list the file (any more)"
     fraction = their.fraction
     if fraction is not None and fraction < 1:
         how = f"pulling it from the origin at {_rate(their.rate)}" if their.role == "origin" else (
             f"following {(their.follows or '?')[:8]} for it" if their.role == "follows" else
             their.role
         )  # fmt: skip
-        return f"following {shown} for {name}, which is itself at {fraction:.0%} ({how})"
+        return 4, (
+            f"following {shown} for {name}{_here(file)}, which is itself at {fraction:.0%} ({how})"
+        )
     if file.peers == 0:
-        return f"following {shown} for {name}, which has it whole, but no peers connected"
-    return f"following {shown} for {name} at {_rate(file.rate)} from {file.peers} peer(s)"
+        return (
+            1,
+            f"following {shown} for {name}{_here(file)}, which has it whole, "
+            "but no peers connected",
+        )
+    return 6, (
+        f"following {shown} for {name}{_here(file)}, which has it whole, at {_rate(file.rate)} "
+        f"from {file.peers} peer(s)"
+    )
+
+
+def _why(cluster: ClusterView, model: ModelView, file: FileView) -> tuple[int, str]:
+    """(how much it holds the node back: 0 most, what holds it) for a file not whole."""
+    name = _short(file.name)
+    if file.role == "follows":
+        return _following(cluster, model, file)
+    if file.role == "origin" and file.rate > 0:
+        return 5, f"pulling {name}{_here(file)} from the origin at {_rate(file.rate)}"
+    if file.role == "origin":
+        return (
+            3,
+            f"pulling {name}{_here(file)} from the origin, nothing in the last {RATE_WINDOW:g} s",
+        )
+    if file.role == "waiting":
+        return 7, f"waiting: how {name} comes is not decided yet (asking the origin or the peers)"
+    return 8, f"{name} is {file.role} at {_done(file)}"
 
 
 def diagnose(cluster: ClusterView, view: NodeView, model: ModelView) -> str | None:
-    """Why ``view``'s node is not done with ``model``, in a line; None when it is."""
+    """Why ``view``'s node is not done with ``model``, in a line; None when it is. Of its
+    files not whole, the one that says most: a followed node gone, no peers connected,
+    an origin that sends nothing, a followed node itself behind, the origin's rate, then
+    the file furthest behind first."""
     flags = _flags(model)
     said = f"reports what cannot be ({'; '.join(flags)}); " if flags else ""
-    file = _behind(model)
-    if file is None:
+    files = _unfinished(model)
+    if not files:
         return said.rstrip("; ") or None
-    name = _short(file.name)
-    if file.role == "follows":
-        why = _following(cluster, model, file)
-    elif file.role == "origin" and file.rate > 0:
-        why = f"pulling {name} from the origin at {_rate(file.rate)}"
-    elif file.role == "origin":
-        why = f"pulling {name} from the origin, nothing in the last {RATE_WINDOW:g} s"
-    elif file.role == "waiting":
-        why = f"waiting: how {name} comes is not decided yet (asking the peers)"
-    else:
-        why = f"{name} is {file.role} at {_done(file)}"
-    return said + why
+    reasons = [
+        (*_why(cluster, model, f), f.fraction if f.fraction is not None else 1.0) for f in files
+    ]
+    why = min(reasons, key=lambda r: (r[0], r[2]))[1]
+    more = len(files) - 1
+    return said + why + (f"; {more} more file(s) not whole" if more else "")
 
 
 def _row(view: NodeView, model: ModelView, file: FileView) -> tuple[str, ...]:
@@ -125,7 +148,10 @@ def _row(view: NodeView, model: ModelView, file: FileView) -> tuple[str, ...]:
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEAD))]
-    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return [
+        ("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))).rstrip()
+        for r in rows
+    ]
 
 
 def render(cluster: ClusterView) -> list[str]:

@@ -68,6 +68,8 @@ def _file(
             name, size, done, "follows", way.node, way.api, rate, peers=connected,
             bytes_from_origin=origin, bytes_from_peers=peers,
         )  # fmt: skip
+    if way is not None and way.kind == "deciding":
+        return FileView(name, size, 0, "waiting", bytes_from_origin=origin, bytes_from_peers=peers)
     if way is not None and way.kind == "held":
         return FileView(name, size, size, "holds", bytes_from_origin=origin, bytes_from_peers=peers)
     if (way is not None and way.kind == "origin") or offer is not None:

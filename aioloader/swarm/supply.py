@@ -81,11 +81,12 @@ class _Way:
 @dataclass(frozen=True)
 class FileWay:
     """How a file of a running fetch comes, as the cluster's view shows it (view.py):
-    ``origin``, ``held`` (the cache has it) or ``follow`` (from ``node``, whose API is
-    ``api``); ``size``, the origin's (where it was asked); ``info_hash``, its
-    download's once started."""
+    ``origin``, ``held`` (the cache has it), ``follow`` (from ``node``, whose API is
+    ``api``) or ``deciding`` (asking the origin, waiting for the followed node to list
+    it); ``size``, the origin's (where it was asked); ``info_hash``, its download's
+    once started."""
 
-    kind: Literal["origin", "held", "follow"]
+    kind: Literal["origin", "held", "follow", "deciding"]
     size: int | None = None
     node: str | None = None
     api: str | None = None
@@ -231,10 +232,11 @@ class SwarmSupply(Supply):
         return _Following(self, incoming, blob)
 
     def ways(self) -> dict[str, FileWay]:
-        """How each file this try decided on comes (a file still deciding is left out)."""
+        """How each file this try opened comes."""
         found = {}
         for name, decided in self._ways.items():
             if not decided.done() or decided.cancelled() or decided.exception() is not None:
+                found[name] = FileWay("deciding")
                 continue
             way = decided.result()
             follow, incoming = way.follow, self._incoming.get(name)
