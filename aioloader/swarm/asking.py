@@ -144,20 +144,17 @@ class Asker:
             raise NoAnswer(f"{exc} (HTTP {status}): is another host at that address now?") from None
         return status, etag, raw
 
-    async def view(self, api: str, wait: float) -> object:
-        """The peer at ``api``'s view of itself (``GET /v1/swarm/view``), decoded JSON,
-        within ``wait`` seconds; for looking.py to check.
+    async def view(self, api: str, wait: float) -> bytes:
+        """The peer at ``api``'s view of itself (``GET /v1/swarm/view``), its body as
+        sent, within ``wait`` seconds; for looking.py to decode and check.
 
         Raises:
-            NoAnswer: none, not JSON, not a 200, too large, or no proof; saying which.
+            NoAnswer: none, not a 200, too large, or no proof; saying which.
         """
         status, _, raw = await self._answer(api, "/v1/swarm/view", MAX_VIEW, wait=wait)
         if status != 200:
             raise NoAnswer(f"HTTP {status} for its view: {raw[:200]!r}")
-        try:
-            return await run_blocking(self.lane, lambda: json.loads(raw))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise NoAnswer("its view is not JSON") from None
+        return raw
 
     async def torrent(self, api: str, offer: FileOffer) -> bytes | None:
         """The torrent of ``offer``'s file from the peer at ``api``, by its info hash,

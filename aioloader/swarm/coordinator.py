@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..cache.entry import Version
 from ..errors import LoaderError
 from ..redact import redacting_logger
-from ..runtime.threads import run_blocking
+from ..runtime.threads import Lane, run_blocking
 from ..settings.options import LoadOptions
 from ..settings.values import Limits
 from ..sources.base import Current
@@ -120,6 +120,7 @@ class Coordinator(Offers):
         self.scratch = scratch
         self.reads: dict[str, Reads] = {}
         self.supplies: dict[str, SwarmSupply] = {}  # model key -> its running try's
+        self._views = Lane("views", 1)  # peers' views decoded, never behind a torrent made
         self.proof = PeerProof(token)
         self.admission = Admission(swarm, peers, self.proof.enabled)
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # a model's fetches, in turn
@@ -154,6 +155,7 @@ class Coordinator(Offers):
                 await self._client.close()
         finally:
             self.close()
+            self._views.close()
             self.admission.close()
 
     # -- files that leave the cache while seeded, and the peers' addresses ---------------
@@ -207,7 +209,7 @@ class Coordinator(Offers):
 
         async def ask(api: str) -> NodeView:
             raw = await asker.view(api, wait)
-            return await run_blocking(self._lane, lambda: parse_one(raw, f"peer {api}"))
+            return await run_blocking(self._views, lambda: parse_one(raw, f"peer {api}"))
 
         return await cluster_view(own, await self._peers(), ask, wait)
 

@@ -28,6 +28,7 @@ done, negative bytes, an unknown role) as reported, each named in the entry's ``
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -335,13 +336,18 @@ def parse_cluster(raw: object, where: str) -> ClusterView:
     return ClusterView(views, tuple(unreachable))
 
 
-def parse_one(raw: object, where: str) -> NodeView:
-    """The one node's view a peer answers for itself (``{"nodes": [<its view>], ...}``).
+def parse_one(raw: bytes, where: str) -> NodeView:
+    """The one node's view a peer answers for itself (``{"nodes": [<its view>], ...}``),
+    as it sent it (blocking: up to ``MAX_VIEW`` bytes decoded).
 
     Raises:
-        ViewError: it is not one view.
+        ViewError: it is not JSON, or not one view.
     """
-    doc = _object(raw, f"{where}: the answer")
+    try:
+        decoded: object = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ViewError(f"{where}: its view is not JSON") from None
+    doc = _object(decoded, f"{where}: the answer")
     nodes = _list(doc.get("nodes"), f"{where}: nodes", 1)
     if not nodes:
         raise ViewError(f"{where}: its answer holds no view")
