@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,20 @@ def _files(view: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for node in view["nodes"] for m in node["models"] for f in m["files"]]
 
 
+def _as_peer(node: Node, target: str, token: str = TOKEN) -> int:
+    """The status of ``target`` asked of ``node`` as a peer asks: signed, no bearer."""
+    from aioloader.swarm.proof import REQUEST_HEADER, PeerProof
+
+    header, _ = PeerProof(token).sign_request("GET", target, "ab" * 16, "127.0.0.99:1")
+    request = urllib.request.Request(node.url + target, headers={REQUEST_HEADER: header})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def _cli(node: Node, *args: str, token: str = TOKEN) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOLOADER_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -61,6 +77,10 @@ def test_the_view_of_a_fetch_running_a_node_killed_and_done(
             status, body = first.get(f"/v1/swarm/view?{query}")
             assert status == 400, (query, status, body)
             assert body["error"] == "bad_query" and "cluster" in body["detail"]
+        # A peer is answered for its node only (no fan-out asked of a peer); a stranger not.
+        assert _as_peer(first, "/v1/swarm/view") == 200
+        assert _as_peer(first, "/v1/swarm/view?cluster=1") == 400
+        assert _as_peer(first, "/v1/swarm/view", token="f" * 32) == 401
         empty = _view(first)
         assert len(empty["nodes"]) == 3 and empty["unreachable"] == []
         assert all(n["models"] == [] for n in empty["nodes"])
