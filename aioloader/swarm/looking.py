@@ -10,7 +10,7 @@ looking costs no call into libtorrent.
 
 A file's role: ``origin``, this node pulls it from the origin now; ``follows``, it
 downloads it from the node ``follows``; ``holds``, it is whole here (and offered to the
-peers); ``seeds``, whole here and going out to peers now; ``waiting``, the fetch has
+peers); ``seeds``, whole here and going out to peers connected now; ``waiting``, the fetch has
 not decided yet how it comes.
 
 ``cluster_view`` asks every peer for its own view at once, each within ``wait``
@@ -51,10 +51,10 @@ def _file(
     seeded = offer is not None and offer.info_hash is not None and swarm.seeding(offer.info_hash)
     if offer is not None and offer.info_hash is not None and seeded:
         status = swarm.counts(offer.info_hash)
-        up = status.upload_rate if status is not None else 0
+        up, connected = (status.upload_rate, status.peers) if status is not None else (0, 0)
         return FileView(
-            name, size, size, "seeds" if up > 0 else "holds", upload_rate=up,
-            peers=status.peers if status is not None else 0,
+            name, size, size, "seeds" if up > 0 and connected else "holds", upload_rate=up,
+            peers=connected,
             bytes_from_origin=origin, bytes_from_peers=peers,
         )  # fmt: skip
     if way is not None and way.kind == "follow":
