@@ -1,4 +1,4 @@
-"""The ``aioloader`` command line: ``load``, ``inspect``, ``fetch``, ``serve``, ``cache verify``."""
+"""The ``aioloader`` command line: load, inspect, fetch, serve, cache verify, swarm view."""
 
 from __future__ import annotations
 
@@ -27,29 +27,23 @@ __all__ = ["main"]
 
 _CACHE_DIR = next(k for k in KEYWORDS if k.name == "cache_dir")
 
-# A tensor that holds more than this share of its file leaves the parallel
-# readers little to share (one huge tensor is read by chunks, but its neighbours
-# cannot overlap with it); worth a word to the user.
+# A tensor holding more than this share of its file leaves the parallel readers little to
+# share (it is read by chunks, but its neighbours cannot overlap with it): worth a word.
 _DOMINANT_SHARE = 0.5
 
 
 def _progress_bar(out: TextIO) -> Any:
-    """tqdm's bar on a terminal, in bytes and bytes/s since the start; silent elsewhere.
-
-    ``disable=None`` is tqdm's "only on a terminal"; ``smoothing=0`` shows the average
-    speed since the start rather than a moving one.
-    """
+    """tqdm's bar on a terminal (``disable=None``), in bytes and bytes/s since the start
+    (``smoothing=0``: the average speed, not a moving one); silent elsewhere."""
     from tqdm import tqdm
 
     return tqdm(file=out, disable=None, unit="B", unit_scale=True, smoothing=0, mininterval=0.1)
 
 
 def _show(bar: Any, done: int, total: int) -> None:
-    if total <= 0:
-        return
-    if bar.total != total:
+    if total > 0:
         bar.total = total
-    bar.update(done - bar.n)
+        bar.update(done - bar.n)
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -97,8 +91,8 @@ def _load_options(args: argparse.Namespace) -> dict[str, Any]:
 async def _load(args: argparse.Namespace) -> int:
     with _progress_bar(sys.stderr) as bar:
         async with Loader(**_load_options(args)) as loader:
-            selection = args.tensor or None
-            async with loader.stream(locate(args.url), tensors=selection) as stream:
+            tensors = args.tensor or None
+            async with loader.stream(locate(args.url), tensors=tensors) as stream:
                 last = 0.0
                 async for _ in stream:
                     now = time.perf_counter()
@@ -257,8 +251,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aioloader", description="Stream safetensors weights into memory."
     )
-    # -v works before and after the subcommand: the subcommands' copy keeps the main
-    # parser's value unless given (SUPPRESS leaves the namespace alone).
+    # -v before or after the subcommand: SUPPRESS keeps the main parser's value unless given.
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -323,7 +316,16 @@ def _parser() -> argparse.ArgumentParser:
         description="Each option also reads the environment variable shown in brackets.",
     )
     add_arguments(serve)
+    from .fetch.swarm_view import add_parser as add_swarm_view
+
+    add_swarm_view(sub, common)
     return parser
+
+
+async def _swarm(args: argparse.Namespace) -> int:
+    from .fetch.swarm_view import main as view
+
+    return await view(args)
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -360,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fetch": _fetch,
         "serve": _serve,
         "cache": _cache_verify,
+        "swarm": _swarm,
     }[args.command]
     if args.command == "cache":
         args.cache_dir = _cache_folder(args)
@@ -367,9 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     try:
         if args.command == "load" and (args.option_framework or "torch") == "torch":
-            # A load would import torch in a worker thread; for a command that only loads,
-            # doing it first keeps the report about the load (it takes seconds). Inside
-            # the try: Ctrl-C during those seconds is an interruption, not a traceback.
+            # A load would import torch in a worker thread; first, the report is about the
+            # load (it takes seconds). In the try: Ctrl-C then is no traceback.
             import_torch()
         return _run(lambda: handler(args))
     except LoaderError as exc:
@@ -384,12 +386,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _pipe_closed() -> int:
-    """The reader of stdout went away (``aioloader inspect ... | head``): end quietly.
-
-    The standard way for a Python command line: point stdout at /dev/null so the flush
-    at exit does not fail again, and exit as a process killed by SIGPIPE would (141).
-    SIGPIPE itself stays ignored: a load's sockets must not kill the process.
-    """
+    """The reader of stdout went away (``aioloader inspect ... | head``): end quietly, as
+    Python's docs advise (stdout to /dev/null, so that the flush at exit does not fail
+    again), with the status of a process SIGPIPE killed (141); SIGPIPE stays ignored: a
+    load's sockets must not kill the process."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)

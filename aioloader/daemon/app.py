@@ -16,7 +16,8 @@ Routes::
                                the bytes of one file of a ready model, by its cache
                                entry's name (``aioloader fetch --daemon`` reads them)
     DELETE /v1/models/{id}     cancel its download, drop it from the registry and cache
-    GET    /v1/swarm/...       what peer daemons ask (swarm/answering.py)
+    GET    /v1/swarm/...       what peer daemons ask, and the cluster's view
+                               (swarm/answering.py)
 
 With a token configured, /v1/* requires ``Authorization: Bearer <token>``, but for
 the swarm's routes, which peers ask with a proof instead (swarm/answering.py);

@@ -17,7 +17,7 @@ from ..redact import redact
 from ..settings.resolver import resolve_where
 from ..settings.table import DAEMON, FETCH
 
-__all__ = ["add_arguments", "check_daemon_url", "check_daemon_wait", "from_args"]
+__all__ = ["add_arguments", "check_daemon_url", "check_daemon_wait", "daemon_of", "from_args"]
 
 _MAX_URL = 2048
 _MAX_WAIT = 7 * 24 * 3600.0
@@ -61,11 +61,15 @@ def check_daemon_wait(value: object, where: str = "--daemon-wait") -> float:
     return float(value)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``aioloader fetch``'s flags of the daemon (settings.FETCH, and the daemon's token)."""
-    group = parser.add_argument_group("through the node's daemon")
-    for row in FETCH:
-        group.add_argument(row.flag, help=f"{row.help} [{row.variable}]", dest=row.dest)
+def add_arguments(
+    parser: argparse.ArgumentParser, *, wait: bool = True, daemon: str | None = None
+) -> None:
+    """``aioloader fetch``'s flags of the daemon (settings.FETCH, and the daemon's token);
+    ``wait=False``: without ``--daemon-wait``; ``daemon``: ``--daemon``'s help instead."""
+    group = parser.add_argument_group("through the node's daemon" if wait else "the daemon")
+    for row in FETCH if wait else (_URL_ROW,):
+        shown = daemon if daemon is not None and row is _URL_ROW else row.help
+        group.add_argument(row.flag, help=f"{shown} [{row.variable}]", dest=row.dest)
     group.add_argument(
         _TOKEN_ROW.flag,
         dest=_TOKEN_ROW.dest,
@@ -86,6 +90,7 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
     if url is None:
         return {}
     url = check_daemon_url(url, where or _URL_ROW.flag)
+    token = _token(args, environ)
     given = getattr(args, _WAIT_ROW.dest)
     if given is not None:
         try:
@@ -96,6 +101,22 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
             ) from None
     wait, where = resolve_where(_WAIT_ROW, given, environ)
     wait = check_daemon_wait(wait, where or _WAIT_ROW.flag)
+    return {"daemon": url, "token": token, "daemon_wait": wait}
+
+
+def daemon_of(
+    args: argparse.Namespace, environ: dict[str, str] | None = None
+) -> tuple[str | None, str | None]:
+    """The daemon's URL, checked (None: none named), and its token (None: none), from
+    the flags, else the environment (``add_arguments(wait=False)``'s)."""
+    url, where = resolve_where(_URL_ROW, getattr(args, _URL_ROW.dest), environ)
+    if url is None:
+        return None, None
+    return check_daemon_url(url, where or _URL_ROW.flag), _token(args, environ)
+
+
+def _token(args: argparse.Namespace, environ: dict[str, str] | None) -> str | None:
+    """The daemon's token from ``--token``, ``--token-file`` or their variables."""
     token, token_where = resolve_where(_TOKEN_ROW, getattr(args, _TOKEN_ROW.dest), environ)
     path, path_where = resolve_where(_TOKEN_FILE_ROW, getattr(args, _TOKEN_FILE_ROW.dest), environ)
     if path is not None:
@@ -107,5 +128,4 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
             token, token_where or _TOKEN_ROW.flag, str(path), path_where or _TOKEN_FILE_ROW.flag
         )
         token = read_token(text, given).value
-    token = token.strip() if isinstance(token, str) and token.strip() else None
-    return {"daemon": url, "token": token, "daemon_wait": wait}
+    return token.strip() if isinstance(token, str) and token.strip() else None

@@ -18,18 +18,32 @@ from ..redact import redacting_logger
 from .libtorrent_types import FileErrorAlert, Session, TorrentAlert, TorrentHandle
 from .torrents import libtorrent
 
-__all__ = ["Alerts", "local_error", "read"]
+__all__ = ["Alerts", "TorrentCounts", "local_error", "read"]
 
 logger = redacting_logger(__name__)
 
 _ERRNO_CATEGORIES = ("system", "generic")  # error codes whose values are errno's
 
 
+@dataclass(frozen=True)
+class TorrentCounts:
+    """One torrent's status as libtorrent last gave it: payload bytes in and out, their
+    rates (libtorrent's own average over the last seconds), the peers connected and the
+    bytes of the file checked and held."""
+
+    downloaded: int = 0
+    uploaded: int = 0
+    download_rate: int = 0
+    upload_rate: int = 0
+    peers: int = 0
+    done: int = 0
+
+
 @dataclass
 class Alerts:
     """What one read of the session's alerts found."""
 
-    counts: dict[str, tuple[int, int]]  # info hash -> (bytes in, bytes out), per torrent held
+    counts: dict[str, TorrentCounts]  # info hash -> its counts, per torrent held
     banned: int = 0  # peers banned (their data failed a piece's hash)
     blocked: int = 0  # connections refused by the IP filter
     hash_failures: int = 0
@@ -58,7 +72,14 @@ def read(session: Session, handles: list[tuple[str, TorrentHandle]]) -> Alerts:
             logger.warning("swarm: %s", alert.message())
     for key, handle in handles:
         status = handle.status(0)
-        found.counts[key] = (int(status.total_payload_download), int(status.total_payload_upload))
+        found.counts[key] = TorrentCounts(
+            int(status.total_payload_download),
+            int(status.total_payload_upload),
+            int(status.download_payload_rate),
+            int(status.upload_payload_rate),
+            int(status.num_peers),
+            int(status.total_wanted_done),
+        )
     return found
 
 

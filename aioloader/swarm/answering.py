@@ -5,6 +5,11 @@
                                 {"error": "not_held", "node": <id>, "swarm": "ip:port"}
     GET /v1/swarm/torrents/{h}  the torrent with the v2 info hash ``h`` of a file this
                                 node offers (a manifest names torrents by their hash)
+    GET /v1/swarm/view[?cluster=1]
+                                the cluster's view (swarm/view.py): this node's, and
+                                with ``cluster=1`` every peer's, asked at once, each
+                                within ``--swarm-wait``; for an operator (the bearer
+                                token), and a peer asks it of each node (its own only)
 
 A peer proves it holds the cluster's token without sending it (swarm/proof.py): its
 request is signed in ``X-Aioloader-Peer``, checked here before anything is answered
@@ -37,6 +42,7 @@ from aiohttp import web
 from ..redact import redacting_logger
 from .manifest import Manifest
 from .proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof, ProofError
+from .view import ClusterView
 
 if TYPE_CHECKING:
     from .coordinator import Coordinator
@@ -59,6 +65,26 @@ def _advertised(request: web.Request, coordinator: Coordinator) -> str:
     local = request.transport.get_extra_info("sockname") if request.transport else None
     ip = str(local[0]) if local else "127.0.0.1"
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+_SWITCH = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def _cluster(request: web.Request) -> bool:
+    """The view's ``cluster`` parameter; ValueError saying what is wrong with the query."""
+    unknown = sorted(set(request.query) - {"cluster"})
+    if unknown:
+        shown = ", ".join(unknown)
+        raise ValueError(f"unknown parameter(s) {shown!r:.120}; the view takes cluster=0|1")
+    given = request.query.getall("cluster", [])
+    if len(given) > 1:
+        raise ValueError("cluster= given twice; give it once: cluster=0|1")
+    if not given:
+        return False
+    switch = _SWITCH.get(given[0].strip().lower())
+    if switch is None:
+        raise ValueError(f"cluster={given[0]!r:.40} is not 0 or 1: cluster=1 asks every peer too")
+    return switch
 
 
 def _signed(response: web.Response, proof: PeerProof | None, nonce: str | None) -> web.Response:
@@ -148,6 +174,20 @@ def add_swarm_routes(
             return _refusal(404, "not_held", "no such torrent here", node=held.node)
         return web.Response(body=found, content_type="application/x-bittorrent")
 
+    async def view(request: web.Request, held: Coordinator) -> web.Response:
+        try:
+            cluster = _cluster(request)
+        except ValueError as exc:
+            return _refusal(400, "bad_query", str(exc))
+        own = held.view(request.host[:300] or None)
+        if not cluster:
+            return web.json_response(ClusterView((own,)).as_dict())
+        if REQUEST_HEADER in request.headers:
+            detail = "a peer is answered for this node only; ask without cluster="
+            return _refusal(400, "bad_query", detail)
+        return web.json_response((await held.cluster(own, held.wait)).as_dict())
+
     app.router.add_get("/v1/swarm/node", answering(node))
+    app.router.add_get("/v1/swarm/view", answering(view))
     app.router.add_get("/v1/swarm/torrents/{hash}", answering(torrent))
     app.router.add_get("/v1/swarm/models/{key}", answering(model))

@@ -33,13 +33,23 @@ from .torrents import describe, info_hash
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["MAX_ANSWER", "Answer", "Asker"]
+__all__ = ["MAX_ANSWER", "MAX_VIEW", "Answer", "Asker", "NoAnswer"]
 
 logger = redacting_logger(__name__)
 
 MAX_ANSWER = 64 << 20  # bytes of a peer's answer read at most
+MAX_VIEW = 8 << 20  # bytes of a peer's view of itself read at most
 _REMEMBERED = 1024  # (peer, model) answers kept for If-None-Match
 _TORRENTS_KEPT = 256 << 20  # bytes of fetched torrents kept (by info hash: they never change)
+
+
+class NoAnswer(ConnectionError):
+    """A peer gave no usable answer; the message says why. ``quiet``: it was down or
+    slow (logged at debug), not wrong."""
+
+    def __init__(self, reason: str, *, quiet: bool = False) -> None:
+        super().__init__(reason)
+        self.quiet = quiet
 
 
 @dataclass
@@ -87,32 +97,64 @@ class Asker:
     ) -> tuple[int, str, bytes] | None:
         """(status, ETag, body) of a signed GET whose answer proved itself; None: no
         answer, too large, or no proof (logged)."""
+        try:
+            return await self._answer(api, target, limit, headers)
+        except NoAnswer as exc:
+            if exc.quiet:
+                logger.debug("peer %s: %s", api, exc)
+            else:
+                logger.warning("peer %s: %s; ignored", api, exc)
+            return None
+
+    async def _answer(
+        self,
+        api: str,
+        target: str,
+        limit: int,
+        headers: dict[str, str] | None = None,
+        wait: float | None = None,
+    ) -> tuple[int, str, bytes]:
+        """(status, ETag, body) of a signed GET whose answer proved itself, within
+        ``wait`` seconds (default: the asker's).
+
+        Raises:
+            NoAnswer: none, too large, or no proof; saying which.
+        """
         import aiohttp
 
+        wait = self.wait if wait is None else wait
         header, nonce = self.proof.sign_request("GET", target, self.node, self.swarm)
         sent = {REQUEST_HEADER: header, **(headers or {})}
         try:
-            async with asyncio.timeout(self.wait):
+            async with asyncio.timeout(wait):
                 async with self.client.get(f"http://{api}{target}", headers=sent) as response:
                     status = response.status
                     etag = response.headers.get("ETag", "")
                     proof = response.headers.get(ANSWER_HEADER)
                     raw = await _body(response, limit)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            logger.debug("peer %s: no answer (%s)", api, exc)
-            return None
+        except TimeoutError:
+            raise NoAnswer(f"no answer within {wait:g} s", quiet=True) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise NoAnswer(f"no answer ({exc or type(exc).__name__})", quiet=True) from None
         except ValueError as exc:
-            logger.warning("peer %s: %s; ignored", api, exc)
-            return None
+            raise NoAnswer(str(exc)) from None
         try:
             self.proof.check_answer(proof, nonce, status, etag, raw)
         except ProofError as exc:
-            logger.warning(
-                "peer %s: %s (HTTP %d); ignored: is another host at that address now?",
-                api, exc, status,
-            )  # fmt: skip
-            return None
+            raise NoAnswer(f"{exc} (HTTP {status}): is another host at that address now?") from None
         return status, etag, raw
+
+    async def view(self, api: str, wait: float) -> bytes:
+        """The peer at ``api``'s view of itself (``GET /v1/swarm/view``), its body as
+        sent, within ``wait`` seconds; for looking.py to decode and check.
+
+        Raises:
+            NoAnswer: none, not a 200, too large, or no proof; saying which.
+        """
+        status, _, raw = await self._answer(api, "/v1/swarm/view", MAX_VIEW, wait=wait)
+        if status != 200:
+            raise NoAnswer(f"HTTP {status} for its view: {raw[:200]!r}")
+        return raw
 
     async def torrent(self, api: str, offer: FileOffer) -> bytes | None:
         """The torrent of ``offer``'s file from the peer at ``api``, by its info hash,

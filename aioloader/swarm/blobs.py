@@ -9,7 +9,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ObjectChangedError
@@ -17,6 +17,7 @@ from ..reads.ranges import RangeSet
 from ..runtime.direct_io import fill
 from ..runtime.threads import run_blocking
 from ..sources.base import Blob, Current, ForwardingBlob, Source
+from .counts import Reads
 from .incoming import Follow, Incoming
 from .manifest import FileOffer
 
@@ -24,14 +25,6 @@ __all__ = ["Blame", "HeldBlob", "OriginBlob", "Reads", "SwarmBlob"]
 
 Blame = Callable[[Follow], contextlib.AbstractContextManager[None]]
 """Notes the followed node as to blame when the block fails (``SwarmSupply.blaming``)."""
-
-
-@dataclass
-class Reads:
-    """Bytes of one model read from the origin and from peers."""
-
-    origin: int = 0
-    peers: int = 0
 
 
 class OriginBlob(ForwardingBlob):
@@ -47,7 +40,7 @@ class OriginBlob(ForwardingBlob):
         self.noted = noted
 
     def _count(self, n: int) -> None:
-        self.reads.origin += n
+        self.reads.from_origin(self.offer.name, n)
         self.offer = replace(self.offer, done=min(self.offer.size, self.offer.done + n))
         self.noted(self.offer)
 
@@ -79,7 +72,7 @@ class SwarmBlob(Blob):
     async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
         with self.blame(self.incoming.follow):
             length = await self.incoming.read_into(offset, buffers)
-            self.reads.peers += length
+            self.reads.from_peers(self.incoming.name, length)
             self._read.add(offset, offset + length)
             if self._read.covers(0, self.size):
                 await self.incoming.checked()

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..cache.entry import Version
 from ..errors import LoaderError
 from ..redact import redacting_logger
+from ..runtime.threads import Lane, run_blocking
 from ..settings.options import LoadOptions
 from ..settings.values import Limits
 from ..sources.base import Current
@@ -56,6 +57,7 @@ from .admission import Admission
 from .asking import Asker
 from .deal import Deal, Lead, deal
 from .followed import Answer, Followed, known_torrent, leads, watched
+from .looking import cluster_view, own_view
 from .manifest import (
     FileOffer,
     Manifest,
@@ -68,6 +70,7 @@ from .peers import PeerAddress
 from .proof import PeerProof
 from .session import Swarm, SwarmError
 from .supply import Reads, SwarmSupply
+from .view import ClusterView, NodeView, parse_one
 
 if TYPE_CHECKING:
     import aiohttp
@@ -116,6 +119,8 @@ class Coordinator(Offers):
         self.wait = wait
         self.scratch = scratch
         self.reads: dict[str, Reads] = {}
+        self.supplies: dict[str, SwarmSupply] = {}  # model key -> its running try's
+        self._views = Lane("views", 1)  # peers' views decoded, never behind a torrent made
         self.proof = PeerProof(token)
         self.admission = Admission(swarm, peers, self.proof.enabled)
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # a model's fetches, in turn
@@ -150,6 +155,7 @@ class Coordinator(Offers):
                 await self._client.close()
         finally:
             self.close()
+            self._views.close()
             self.admission.close()
 
     # -- files that leave the cache while seeded, and the peers' addresses ---------------
@@ -186,6 +192,26 @@ class Coordinator(Offers):
         """A peer that proved it holds the token asked from ``remote``, its swarm at
         ``swarm``: both are let through the swarm's filter (answering.py)."""
         await self.admission.learn([swarm, remote])
+
+    # -- the cluster's view (looking.py) ---------------------------------------------------
+
+    def view(self, api: str | None) -> NodeView:
+        """This node's view of its models; ``api``: its API address as asked."""
+        ways = {key: supply.ways() for key, supply in self.supplies.items()}
+        return own_view(
+            self.node, api, self.advertised, self.swarm, self.manifests, self.reads, ways
+        )
+
+    async def cluster(self, own: NodeView, wait: float) -> ClusterView:
+        """``own`` and every peer's view, each asked within ``wait`` seconds."""
+        asker = self._asker
+        assert asker is not None, "used outside its async with"
+
+        async def ask(api: str) -> NodeView:
+            raw = await asker.view(api, wait)
+            return await run_blocking(self._views, lambda: parse_one(raw, f"peer {api}"))
+
+        return await cluster_view(own, await self._peers(), ask, wait)
 
     # -- one try of a fetch ----------------------------------------------------------------
 
@@ -248,6 +274,7 @@ class Coordinator(Offers):
             raise
         finally:
             self._fetching.discard(key)
+            self.supplies.pop(key, None)
 
     async def _fetch(
         self,
@@ -272,7 +299,7 @@ class Coordinator(Offers):
                 self.manifests[key] = replace(self.manifests[key], state=state)
             logger.info("%s: %s", url, dealt)
             route = _Route(dealt, {n: self._followed(key, lead) for n, lead in dealt.leads.items()})
-            supply = self._supply(key, reads, route, cache)
+            supply = self.supplies[key] = self._supply(key, reads, route, cache)
             fetching = options if dealt.whole is not None else _leading(options)
             try:
                 work = cache.fetch(where, options=fetching, progress=progress, supply=supply)

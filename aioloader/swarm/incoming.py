@@ -55,6 +55,7 @@ class Follow(Protocol):
     """The node a fetch follows (coordinator.py): its files, as its manifest shows them."""
 
     node: str  # its id
+    api: str  # its daemon's API address
 
     async def offer(self, name: str) -> FileOffer:
         """The file ``name``, once the manifest lists it (SwarmStalled: it did not)."""
@@ -141,6 +142,11 @@ class Incoming:
             self.lane, lambda: _open_sparse(download.path, target is None), on_abandon=os.close
         )
         return download
+
+    @property
+    def info_hash(self) -> str | None:
+        """The download's info hash, once it started."""
+        return self._download.info_hash if self._download is not None else None
 
     def _settle(self) -> None:
         """A read before any ``landing``: the download goes to the scratch folder."""

@@ -114,6 +114,12 @@ class TorrentStatus(Protocol):
     @property
     def total_payload_upload(self) -> int: ...
 
+    @property
+    def download_payload_rate(self) -> int: ...
+
+    @property
+    def upload_payload_rate(self) -> int: ...
+
 
 class TorrentHandle(Protocol):
     """One torrent in a session."""

@@ -70,7 +70,7 @@ class Swarm:
         self._handles: dict[str, TorrentHandle] = {}
         self._seeds: dict[str, Path] = {}  # info hash -> the file seeded (``seed``)
         self._pump: asyncio.Task[None] | None = None
-        self._counts: dict[str, tuple[int, int]] = {}
+        self._counts: dict[str, alerts.TorrentCounts] = {}
         self._banned = self._blocked = self._failures = 0
         self._allowed: list[str] = []
         self.flushes: set[str] = set()  # info hashes whose writes libtorrent flushed
@@ -308,11 +308,16 @@ class Swarm:
             await self._read_alerts()
         return self.statistics()
 
+    def counts(self, key: str) -> alerts.TorrentCounts | None:
+        """The torrent ``key``'s status as the last read of the alerts found it (a
+        quarter of a second old at most), or None when it is not held."""
+        return self._counts.get(key) if key in self._handles else None
+
     def statistics(self) -> SwarmStatistics:
         counts = self._counts
         return SwarmStatistics(
-            {k: d for k, (d, _) in counts.items()},
-            {k: u for k, (_, u) in counts.items()},
+            {k: c.downloaded for k, c in counts.items()},
+            {k: c.uploaded for k, c in counts.items()},
             self._banned,
             self._blocked,
             self._failures,

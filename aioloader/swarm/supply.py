@@ -43,7 +43,9 @@ from .session import Swarm
 
 logger = redacting_logger(__name__)
 
-__all__ = ["Follow", "Held", "Publish", "Reads", "Route", "SwarmSupply", "same_version"]
+__all__ = [
+    "FileWay", "Follow", "Held", "Publish", "Reads", "Route", "SwarmSupply", "same_version",
+]  # fmt: skip
 
 
 Held = Callable[[str, Current], Awaitable[Path | None]]
@@ -74,6 +76,21 @@ class _Way:
     data: Path | None = None  # held: the cache entry's bytes
     follow: Follow | None = None
     offer: FileOffer | None = None
+
+
+@dataclass(frozen=True)
+class FileWay:
+    """How a file of a running fetch comes, as the cluster's view shows it (view.py):
+    ``origin``, ``held`` (the cache has it), ``follow`` (from ``node``, whose API is
+    ``api``) or ``deciding`` (asking the origin, waiting for the followed node to list
+    it); ``size``, the origin's (where it was asked); ``info_hash``, its download's
+    once started."""
+
+    kind: Literal["origin", "held", "follow", "deciding"]
+    size: int | None = None
+    node: str | None = None
+    api: str | None = None
+    info_hash: str | None = None
 
 
 class Route(Protocol):
@@ -107,7 +124,8 @@ class _Following(Delivery):
         """Arrival: bytes ``[start, end)`` are in the cache's file, checked."""
         with self.supply.blaming(self.incoming.follow):
             await self.incoming.ready(start, end)
-        self.supply.reads.peers += max(0, min(end, self.incoming.size) - start)
+        arrived = max(0, min(end, self.incoming.size) - start)
+        self.supply.reads.from_peers(self.incoming.name, arrived)
 
     async def verified(self) -> None:
         """Arrival: the whole file matches the origin's digest."""
@@ -212,6 +230,23 @@ class SwarmSupply(Supply):
                 )  # fmt: skip
         blob = SwarmBlob(self.blaming, self.reads, incoming, way.current)
         return _Following(self, incoming, blob)
+
+    def ways(self) -> dict[str, FileWay]:
+        """How each file this try opened comes."""
+        found = {}
+        for name, decided in self._ways.items():
+            if not decided.done() or decided.cancelled() or decided.exception() is not None:
+                found[name] = FileWay("deciding")
+                continue
+            way = decided.result()
+            follow, incoming = way.follow, self._incoming.get(name)
+            digest = incoming.info_hash if incoming is not None else None
+            size = way.current.size if way.current is not None else None
+            if follow is None:
+                found[name] = FileWay(way.kind, size)
+            else:
+                found[name] = FileWay(way.kind, size, follow.node, follow.api, digest)
+        return found
 
     def from_origin(self, blob: Blob) -> Blob:
         offer = FileOffer(file_name(blob.url), blob.url, blob.size, blob.etag, blob.last_modified)
