@@ -230,9 +230,11 @@ class Bench:
                     )
             time.sleep(0.5)
         failures = [why[i] for i in which if i not in records]
-        for i in which:
-            if i not in records:
-                failures.append(f"node {i} log tail: {fleet[i].output()[-1500:]!r}")
+        if self.args.keep_logs is None:  # else the logs are kept whole
+            for i in which:
+                if i not in records:
+                    tail = fleet[i].output().strip().splitlines()[-2:]
+                    failures.append(f"node {i} log: {' | '.join(tail)[-400:]}")
         return records, failures
 
     def _finish(
