@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -46,3 +48,36 @@ def test_populate_faults_in_fresh_pages_and_keeps_their_bytes() -> None:
 
 def test_populate_leaves_read_only_and_empty_buffers_alone() -> None:
     populate([memoryview(b"read only"), memoryview(bytearray())])
+
+
+def test_the_process_can_start_threads_while_populate_runs() -> None:
+    """Two threads populate 1 GiB of fresh tensor memory while this one starts threads.
+
+    The kernel holds the process's memory map while ``madvise`` faults pages in, and
+    starting a thread (its stack is a new mapping) waits for it: in one call for a whole
+    buffer, this thread made no progress until every page was in, and the event loop of a
+    Hub load stalled for half a second (tests/test_hf_cache.py). Populating step by step
+    leaves it room between steps.
+    """
+    torch = pytest.importorskip("torch")
+    area = torch.empty(1 << 30, dtype=torch.uint8)  # fresh: no page of it touched yet
+    view = memoryview(area.numpy())
+    half = view.nbytes // 2
+    workers = [threading.Thread(target=populate, args=([part],)) for part in (view[:half], view[half:])]
+    started = time.perf_counter()
+    marks = [started]
+    for worker in workers:
+        worker.start()
+        marks.append(time.perf_counter())
+    while any(worker.is_alive() for worker in workers):
+        step = threading.Thread(target=lambda: None)
+        step.start()
+        step.join()
+        marks.append(time.perf_counter())
+    took = marks[-1] - started
+    longest = max(later - earlier for earlier, later in zip(marks, marks[1:]))
+    assert longest < max(took / 3, 0.02), (
+        f"populating 1 GiB took {took * 1000:.0f} ms, and starting one thread meanwhile "
+        f"waited {longest * 1000:.0f} ms of it"
+    )
+    del view, area

@@ -9,7 +9,9 @@ All of that then runs on the loop's one thread, in turn with receiving.
 
 ``populate`` asks the kernel to fault a range in without touching its bytes
 (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+), from a worker thread, while the
-request is on its way: by the time the body arrives, its pages are there.
+request is on its way: by the time the body arrives, its pages are there. It does so
+a step at a time (``_STEP``), so the memory map the kernel holds meanwhile is free
+between steps for the rest of the process, the event loop's thread included.
 Where the call is not available it does nothing, and the loop faults pages in
 as before.
 """
@@ -28,6 +30,11 @@ __all__ = ["populate"]
 _MADV_POPULATE_WRITE = 23
 _libc: Any = None
 _works = sys.platform == "linux"
+# One madvise call faults in at most this much: the kernel holds the process's memory
+# map through a call, and whatever else needs it meanwhile (starting a thread, mapping
+# a buffer, a fault in another thread) waits; a call per whole buffer held it for the
+# buffer's every page (tests/test_prefault.py).
+_STEP = 2 << 20
 
 
 def _madvise() -> Any:
@@ -50,8 +57,10 @@ def populate(buffers: Sequence[memoryview]) -> None:
             continue
         address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
         start = address - address % mmap.PAGESIZE
-        if madvise(ctypes.c_void_p(start), address + buffer.nbytes - start, _MADV_POPULATE_WRITE):
-            code = ctypes.get_errno()
-            if code in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
-                _works = False  # an older kernel, or memory it will not populate: leave it
-            return
+        end = address + buffer.nbytes
+        for at in range(start, end, _STEP):
+            if madvise(ctypes.c_void_p(at), min(_STEP, end - at), _MADV_POPULATE_WRITE):
+                code = ctypes.get_errno()
+                if code in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                    _works = False  # an older kernel, or memory it will not populate: leave it
+                return

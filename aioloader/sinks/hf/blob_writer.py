@@ -39,7 +39,7 @@ __all__ = [
 
 logger = redacting_logger(__name__)
 
-CHUNK = 8 << 20
+CHUNK = 1 << 20
 _CHANGED = "a corrupted download, or a tensor changed in place before it was written"
 
 Ranges = list[tuple[int, memoryview]]
@@ -81,11 +81,14 @@ def write_blob(cache: HfCache, blob_id: str, size: int, ranges: Ranges) -> bool:
     sweep_temporaries(final)
     temporary = temporary_name(final)
     digest = blob_digest(blob_id, size)
+    copy = memoryview(bytearray(CHUNK))
     try:
         with open(temporary, "wb") as out:
             for view in views:
                 for start in range(0, view.nbytes, CHUNK):
-                    chunk = bytes(view[start : start + CHUNK])
+                    piece = view[start : start + CHUNK]
+                    chunk = copy[: piece.nbytes]
+                    chunk[:] = piece  # the one copy: hashed and written, not the caller's bytes
                     digest.update(chunk)
                     out.write(chunk)
             out.flush()
