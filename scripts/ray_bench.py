@@ -1,7 +1,10 @@
 """One host copy per node: N replicas on one Ray node with ``aioloader.ray.load_shared``
-against N replicas that each ``load_model`` alone.
+against N replicas that each ``load_model`` alone; with ``--preload``, the origin bytes
+of ``aioloader.ray.preload`` on a local cluster of ``--nodes`` nodes, sharing one
+download through the swarm against every node pulling alone (``share=False``).
 
     bash scripts/ray_setup.sh && .venv-ray/bin/python scripts/ray_bench.py [--size-mib 512]
+    .venv-ray/bin/python scripts/ray_bench.py --preload [--nodes 3] [--size-mib 512]
 
 A one-node local Ray cluster; the model is served by a loopback HTTP server (the
 test suite's), which counts the bytes it sends. For 1 and 4 replicas, each way:
@@ -67,11 +70,60 @@ def holder_memory(name: str) -> dict[str, int]:
     return memory(pid)
 
 
+def preload_bench(size_mib: int, count: int) -> None:
+    """Origin bytes of a cold preload on ``count`` nodes, sharing and alone, and of a
+    second preload; each node its own cache folder."""
+    from ray.cluster_utils import Cluster
+
+    from aioloader.ray import preload
+    from tests.helpers import write_sharded
+
+    with tempfile.TemporaryDirectory() as tmp, FaultyHttpServer(Path(tmp) / "www") as server:
+        gen = torch.Generator().manual_seed(0)
+        tensors = {f"w.{i:04d}": torch.randn(4 * MiB // 4, generator=gen)
+                   for i in range(size_mib // 4)}  # fmt: skip
+        index = write_sharded(Path(tmp) / "www" / "m", tensors, shards=4)
+        del tensors
+        size = sum(p.stat().st_size for p in index.parent.iterdir())
+        url = server.url_for("m/model.safetensors.index.json")
+        nodes = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 1, "include_dashboard": False},
+        )
+        for _ in range(count - 1):
+            nodes.add_node(num_cpus=1)
+        ray.init(address=nodes.address, include_dashboard=False, log_to_driver=False)
+        print(f"model {size / MiB:.0f} MiB in 4 shards; {count} local Ray nodes")
+        print("way      run     origin MiB  x model  from peers MiB  seconds")
+        for way, share in (("shared", None), ("alone", False)):
+            folder = f"{tmp}/{way}-{{node_id}}"
+            for run in ("cold", "again"):
+                server.reset_counters()
+                started = time.perf_counter()
+                results = preload(url, cache_dir=folder, share=share)
+                seconds = time.perf_counter() - started
+                failed = [r for r in results if not r.ok]
+                peers = sum(r.from_peers for r in results)
+                print(
+                    f"{way:8s} {run:6s} {server.bytes_sent / MiB:11.1f} "
+                    f"{server.bytes_sent / size:8.3f} {peers / MiB:15.1f} {seconds:8.1f}"
+                    + (f"  FAILED: {failed}" if failed else ""),
+                    flush=True,
+                )
+        ray.shutdown()
+        nodes.shutdown()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=512)
+    parser.add_argument("--preload", action="store_true", help="preload's origin bytes")
+    parser.add_argument("--nodes", type=int, default=3, help="with --preload")
     args = parser.parse_args()
     print(f"command: {' '.join(sys.orig_argv)}")
+    if args.preload:
+        preload_bench(args.size_mib, args.nodes)
+        return 0
     with tempfile.TemporaryDirectory() as tmp, FaultyHttpServer(Path(tmp)) as server:
         gen = torch.Generator().manual_seed(0)
         tensors = {f"w.{i:04d}": torch.randn(4 * MiB // 4, generator=gen)

@@ -1,7 +1,9 @@
 """aioloader in Ray: loads inside actors, ``preload`` on every node, one host copy per node.
 
 A real local Ray cluster (``ray.cluster_utils.Cluster``, 3 nodes of 1 CPU) serves as
-the cluster; weights come from a loopback HTTP server and a loopback S3 server.
+the cluster; weights come from a loopback HTTP server and a loopback S3 server. The
+preloads that share one download through the swarm need libtorrent (the ``swarm``
+extra, which ``scripts/ray_setup.sh`` installs); the origin counts the bytes it sends.
 All the test nodes share this machine's file system, so each gets its own cache
 folder through ``{node_id}`` in ``cache_dir``. Skipped where Ray is not installed
 (``scripts/ray_setup.sh`` makes ``.venv-ray``; ``scripts/test.sh`` runs this file
@@ -352,3 +354,215 @@ def test_preload_refuses_unusable_numbers(cluster: dict[str, Any], options: Any)
 
     with pytest.raises(ConfigError, match=next(iter(options))):
         preload("http://127.0.0.1:9/m.safetensors", cache_dir="/c/{node_id}", **options)
+
+
+# -- preload shares one download through the swarm ---------------------------------------
+
+
+def _swarm() -> None:
+    pytest.importorskip("libtorrent", reason="the swarm extra: bash scripts/ray_setup.sh")
+
+
+def _sizes(files: list[Path], index: Path) -> int:
+    return sum(p.stat().st_size for p in files) + index.stat().st_size
+
+
+def _same_as_source(result: Any, files: list[Path], index: Path) -> None:
+    """The node's cache entry of each file, bit for bit and as safetensors."""
+    from safetensors.torch import load_file
+
+    found = {p.name: p for p in Path(result.cache_dir).rglob("*") if p.is_file()}
+    for source in [*files, index]:
+        copies = [p for name, p in found.items() if name.endswith(source.name)]
+        assert copies, f"{source.name} not in {result.cache_dir}"
+        assert any(c.read_bytes() == source.read_bytes() for c in copies), source.name
+    loaded = _load_cached(result.cache_dir, index)
+    for path in files:
+        for name, tensor in load_file(path).items():
+            assert torch.equal(loaded[name].view(torch.uint8), tensor.view(torch.uint8)), name
+
+
+def _load_cached(cache_dir: str, index: Path) -> dict[str, Any]:
+    """The model as the node cache holds it, read with the safetensors library."""
+    from safetensors.torch import load_file
+
+    got: dict[str, Any] = {}
+    for entry in Path(cache_dir).rglob("*.safetensors"):
+        if ".swarm" not in entry.parts:
+            got.update(load_file(entry))
+    return got
+
+
+def test_preload_shares_one_download_among_the_nodes(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """A cold 3-node cluster: the origin sends the model once, every node's cache holds
+    it bit for bit, and a second preload downloads nothing."""
+    _swarm()
+    files = model(http_server.root / "m", megabytes=24, seed=7)
+    index = http_server.root / "m" / "model.safetensors.index.json"
+    url = http_server.url_for("m/model.safetensors.index.json")
+    size = _sizes(files, index)
+    template = str(tmp_path / "cache-{node_id}")
+
+    first = preload(url, cache_dir=template)
+    sent = http_server.bytes_sent
+    assert len(first) == 3 and all(r.ok and r.shared for r in first), first
+    assert sent <= size * 1.05, f"the origin sent {sent / size:.2f}x the model"
+    assert all(r.fetched == size and r.cached == 0 for r in first), first
+    assert sum(r.from_origin for r in first) <= size * 1.05, first
+    assert sum(r.from_peers for r in first) >= size * 1.9, first  # 2 of 3 copies from peers
+    for result in first:
+        _same_as_source(result, files, index)
+
+    http_server.reset_counters()
+    again = preload(url, cache_dir=template)
+    assert all(r.ok and r.fetched == 0 and r.cached == size for r in again), again
+    assert all(r.from_peers == 0 for r in again), again
+    # What the origin still sends: version probes (the first bytes of a file), never a
+    # file's body.
+    gets = http_server.gets()
+    assert all(g.range and g.range.startswith("bytes=0-") for g in gets), gets
+    assert http_server.bytes_sent < size * 0.1, http_server.bytes_sent
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"share": "yes"}, {"share": 1}, {"share": 0}, {"share": ""}, {"share": [True]},
+        {"swarm_port": -1}, {"swarm_port": 65536}, {"swarm_port": 10**100},
+        {"swarm_port": True}, {"swarm_port": "6881"}, {"swarm_port": 1.5},
+        {"swarm_port": None}, {"swarm_port": float("nan")},
+    ],
+)  # fmt: skip
+def test_preload_refuses_unusable_sharing_options(cluster: dict[str, Any], options: Any) -> None:
+    from aioloader import ConfigError
+
+    before = ray.util.list_named_actors(all_namespaces=True)
+    with pytest.raises(ConfigError, match=next(iter(options))):
+        preload("http://127.0.0.1:9/m.safetensors", cache_dir="/c/{node_id}", **options)
+    assert ray.util.list_named_actors(all_namespaces=True) == before
+
+
+def test_preload_refuses_no_urls(cluster: dict[str, Any]) -> None:
+    from aioloader import ConfigError
+
+    with pytest.raises(ConfigError, match="no model URL"):
+        preload([], cache_dir="/c/{node_id}")
+
+
+def _wait_for(what: str, check: Any, seconds: float = 60.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"not within {seconds} s: {what}")
+
+
+def _agent(node_id: str) -> Any:
+    """The running preload's agent on ``node_id`` (named after the node)."""
+    names = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "aioloader" and a["name"].endswith(node_id[:16])
+    ]
+    return ray.get_actor(names[0], namespace="aioloader") if names else None
+
+
+def test_a_node_whose_agent_is_killed_mid_preload_is_reported_and_the_others_finish(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    import threading
+
+    _swarm()
+    files = model(http_server.root / "m", megabytes=16, seed=8)
+    index = http_server.root / "m" / "model.safetensors.index.json"
+    url = http_server.url_for("m/model.safetensors.index.json")
+    template = str(tmp_path / "c-{node_id}")
+    http_server.stall(None, 0.5, count=1000)  # every read waits: the preload takes seconds
+    victim = alive_nodes()[1]
+    out: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: out.append(preload(url, cache_dir=template, chunk_size="1MiB"))
+    )
+    worker.start()
+    try:
+        agent = _wait_for("the victim's agent", lambda: _agent(victim))
+        _wait_for("the origin sending", lambda: http_server.bytes_sent > 0)
+        ray.kill(agent)
+    finally:
+        worker.join(timeout=300)
+    assert not worker.is_alive() and out, "preload did not return"
+    results = {r.node_id: r for r in out[0]}
+    dead = results.pop(victim)
+    assert not dead.ok and "died" in (dead.error or "").lower(), dead
+    for result in results.values():
+        assert result.ok, result
+        _same_as_source(result, files, index)
+
+    http_server.clear_faults()  # the node killed gets its copy on the next preload
+    again = {r.node_id: r for r in preload(url, cache_dir=template)}
+    assert all(r.ok for r in again.values()), again
+    _same_as_source(again[victim], files, index)
+
+
+def test_two_preloads_of_one_model_at_once(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _swarm()
+    files = model(http_server.root / "m", megabytes=16, seed=9)
+    index = http_server.root / "m" / "model.safetensors.index.json"
+    url = http_server.url_for("m/model.safetensors.index.json")
+    size = _sizes(files, index)
+    template = str(tmp_path / "c-{node_id}")
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(preload, url, cache_dir=template) for _ in range(2)]
+        both = [run.result(timeout=300) for run in runs]
+    for results in both:
+        assert len(results) == 3 and all(r.ok for r in results), results
+    for result in both[0]:
+        _same_as_source(result, files, index)
+    # Each preload's nodes share; the two share the cache folders, not one swarm.
+    assert http_server.bytes_sent <= size * 2.1, http_server.bytes_sent / size
+
+
+def test_nodes_that_cannot_share_pull_alone_and_a_warning_says_what_it_costs(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """The swarm cannot listen on any node (its port is taken): each node pulls its own
+    copy, caches are right, and a warning names the cost; share=True fails instead."""
+    import socket
+
+    _swarm()
+    files = model(http_server.root / "m", megabytes=4, seed=10)
+    index = http_server.root / "m" / "model.safetensors.index.json"
+    url = http_server.url_for("m/model.safetensors.index.json")
+    size = _sizes(files, index)
+    host = ray.nodes()[0]["NodeManagerAddress"]
+    with socket.socket() as taken:
+        taken.bind((host, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.warns(RuntimeWarning, match=r"3 of 3 nodes .* about 3x the model") as said:
+            alone = preload(url, cache_dir=str(tmp_path / "a-{node_id}"), swarm_port=port)
+        assert f"{port}" in str(said[0].message)
+        assert all(r.ok and not r.shared for r in alone), alone
+        assert all(r.fetched == size and r.from_origin == size for r in alone), alone
+        for result in alone:
+            _same_as_source(result, files, index)
+
+        strict = preload(url, cache_dir=str(tmp_path / "s-{node_id}"), swarm_port=port, share=True)
+        assert all("share=True" in (r.error or "") for r in strict), strict
+
+    http_server.reset_counters()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # share=False: chosen, so no warning
+        off = preload(url, cache_dir=str(tmp_path / "o-{node_id}"), share=False)
+    assert all(r.ok and not r.shared for r in off), off
+    assert http_server.bytes_sent >= 3 * size

@@ -84,9 +84,19 @@ class Server:
     Use ``await Server(config).serve()``; it returns the exit status.
     """
 
-    def __init__(self, config: DaemonConfig) -> None:
+    def __init__(self, config: DaemonConfig, *, swarm: bool = False) -> None:
+        """``swarm``: start the swarm even without ``config.peers``, for a program that
+        embeds the daemon and gives it its peers once it knows them (``set_peers``;
+        aioloader/ray.py)."""
         self.config = config
         self.port: int | None = None
+        self.swarm = swarm
+        # Set once it listens (``listening``): the cache, and the swarm's Coordinator
+        # (None without one).
+        self.cache: Any = None
+        self.coordinator: Any = None
+        self.listening = asyncio.Event()
+        self.error: str | None = None  # why it did not start (``serve`` returned 2)
         self._exit = asyncio.Event()
         self._signals = 0
         self._main: asyncio.Task[Any] | None = None
@@ -119,6 +129,19 @@ class Server:
             for sig in _SIGNALS:
                 loop.remove_signal_handler(sig)
 
+    def set_peers(self, peers: list[str]) -> None:
+        """The running daemon's peers (``host:port`` of their API), in place of those it
+        had: its next fetch asks these.
+
+        Raises:
+            ConfigError: an entry is not ``host:port``, or the daemon has no swarm.
+        """
+        from ..swarm.peers import parse_peers
+
+        if self.coordinator is None:
+            raise ConfigError("this daemon has no swarm: start it with peers, or swarm=True")
+        self.coordinator.set_peers(parse_peers(peers, "peers"))
+
     async def serve(self) -> int:
         """Run until a signal (or ``request_exit``); returns the exit status."""
         self._main = asyncio.current_task()
@@ -126,6 +149,7 @@ class Server:
             try:
                 return await self._serve()
             except (StartupError, ConfigError) as exc:
+                self.error = str(exc)
                 print(f"aioloader serve: error: {exc}", file=sys.stderr)
                 return EXIT_STARTUP
             except asyncio.CancelledError:
@@ -176,7 +200,7 @@ class Server:
         metrics = Metrics(getattr(cache, "statistics", None), bandwidth)
         registry = Registry()
         async with (
-            sharing(config, cache.root) as coordinator,
+            sharing(config, cache.root, always=self.swarm) as coordinator,
             Pins(cache) as pins,
             CacheWatch(cache, registry, metrics) as watch,
             Downloads(
@@ -223,6 +247,8 @@ class Server:
                 sockets = listener.sockets
                 self.port = sockets[0].getsockname()[1] if sockets else config.port
                 logger.info("listening on http://%s:%s (%r)", config.host, self.port, config)
+                self.cache, self.coordinator = cache, coordinator
+                self.listening.set()
                 priorities = dict(config.priorities)
                 preloads = [
                     registry.add(checked[url], preload=True, priority=priorities.get(url, 0))

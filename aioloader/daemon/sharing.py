@@ -23,9 +23,12 @@ __all__ = ["sharing"]
 
 
 @contextlib.asynccontextmanager
-async def sharing(config: DaemonConfig, cache_root: Any) -> AsyncIterator[Any]:
-    """The started Coordinator (None without peers); stops the swarm on the way out."""
-    if not config.peers:
+async def sharing(
+    config: DaemonConfig, cache_root: Any, *, always: bool = False
+) -> AsyncIterator[Any]:
+    """The started Coordinator (None without peers, unless ``always``: the peers are
+    given later, ``Coordinator.set_peers``); stops the swarm on the way out."""
+    if not config.peers and not always:
         yield None
         return
     from ..swarm.torrents import libtorrent

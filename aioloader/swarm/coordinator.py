@@ -158,6 +158,13 @@ class Coordinator(Offers):
             self._views.close()
             self.admission.close()
 
+    def set_peers(self, peers: list[PeerAddress]) -> None:
+        """The peers' API addresses, in place of those given at the start (a daemon
+        embedded in a program that learns them later: aioloader/ray.py); the next fetch
+        resolves and asks them, and the swarm's filter follows."""
+        self.peers = list(peers)
+        self.admission.peers = self.peers
+
     # -- files that leave the cache while seeded, and the peers' addresses ---------------
 
     async def _watching(self) -> None:
