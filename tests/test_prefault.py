@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import mmap
 import sys
 import threading
@@ -63,7 +64,8 @@ def test_the_process_can_start_threads_while_populate_runs() -> None:
     area = torch.empty(1 << 30, dtype=torch.uint8)  # fresh: no page of it touched yet
     view = memoryview(area.numpy())
     half = view.nbytes // 2
-    workers = [threading.Thread(target=populate, args=([part],)) for part in (view[:half], view[half:])]
+    parts = (view[:half], view[half:])
+    workers = [threading.Thread(target=populate, args=([part],)) for part in parts]
     started = time.perf_counter()
     marks = [started]
     for worker in workers:
@@ -75,7 +77,7 @@ def test_the_process_can_start_threads_while_populate_runs() -> None:
         step.join()
         marks.append(time.perf_counter())
     took = marks[-1] - started
-    longest = max(later - earlier for earlier, later in zip(marks, marks[1:]))
+    longest = max(later - earlier for earlier, later in itertools.pairwise(marks))
     assert longest < max(took / 3, 0.02), (
         f"populating 1 GiB took {took * 1000:.0f} ms, and starting one thread meanwhile "
         f"waited {longest * 1000:.0f} ms of it"

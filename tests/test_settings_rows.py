@@ -125,6 +125,7 @@ _DAEMON: dict[str, tuple[str, list[str], Any, Any]] = {
     "swarm_wait": ("1.5", ["--swarm-wait", "3"], 1.5, 3.0),
     "swarm_stall": ("9", ["--swarm-stall", "12"], 9.0, 12.0),
     "swarm_rate": ("1MiB/s", ["--swarm-rate", "100MB/s"], 1 << 20, 100_000_000),
+    "swarm_origin_requests": ("8", ["--swarm-origin-requests", "0"], 8, 0),
     "swarm_host": ("10.0.0.1", ["--swarm-host", "10.0.0.2"], "10.0.0.1", "10.0.0.2"),
 }
 

@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..settings.resolver import resolve_where, warn_unknown_variables
 from ..settings.table import DAEMON
 from ..settings.values import MAX_SECONDS, check_number, parse_size
+from ..swarm.manifest import MAX_ORIGIN_REQUESTS
 from ..swarm.peers import parse_peers
 from .allow import AllowList
 from .auth import check_open, read_token, token_text
@@ -49,6 +50,7 @@ DEFAULT_CLIENT_TIMEOUT = 10.0
 DEFAULT_SWARM_PORT = 6881
 DEFAULT_SWARM_WAIT = 2.0
 DEFAULT_SWARM_STALL = 30.0
+DEFAULT_SWARM_ORIGIN_REQUESTS = 64
 MAX_SWARM_RATE = (1 << 31) - 1  # bytes per second: libtorrent's rates are 32-bit
 
 
@@ -91,6 +93,8 @@ class DaemonConfig:
         swarm_wait: seconds a download waits for its peers' answers.
         swarm_stall: seconds without swarm progress before a file turns to the origin.
         swarm_rate: bytes per second the swarm sends at most, and takes (0: no cap).
+        swarm_origin_requests: requests in flight to one origin, cluster-wide, shared
+            out among the nodes that pull (0: no cap; docs/swarm.md).
         notes: warnings from reading the settings, for the log (never a secret).
     """
 
@@ -116,6 +120,7 @@ class DaemonConfig:
     swarm_wait: float = DEFAULT_SWARM_WAIT
     swarm_stall: float = DEFAULT_SWARM_STALL
     swarm_rate: int = 0
+    swarm_origin_requests: int = DEFAULT_SWARM_ORIGIN_REQUESTS
     swarm_host: str | None = None
     notes: tuple[str, ...] = ()
 
@@ -140,6 +145,12 @@ class DaemonConfig:
                 f"{_shown('swarm_rate')} must be at most 2GiB/s, got {self.swarm_rate} bytes "
                 "per second; use 0 for no cap"
             )
+        check_number(
+            _shown("swarm_origin_requests"),
+            self.swarm_origin_requests,
+            integer=True,
+            maximum=MAX_ORIGIN_REQUESTS,
+        )
         parse_peers(self.peers, "peers")
         if self.max_cache_bytes is not None:
             check_number("max cache bytes", self.max_cache_bytes, integer=True, positive=True)
@@ -309,6 +320,7 @@ def config_from_args(
         swarm_rate=parse_bandwidth(rate, where["swarm_rate"])
         if (rate := text["swarm_rate"])
         else 0,
+        swarm_origin_requests=_or(numbers["swarm_origin_requests"], DEFAULT_SWARM_ORIGIN_REQUESTS),
         swarm_host=text["swarm_host"] or None,
     )
 

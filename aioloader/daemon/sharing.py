@@ -70,5 +70,6 @@ async def _swarm(config: DaemonConfig, host: str, node: str, folder: Any) -> Asy
             config.swarm_wait,
             folder,
             shown,
+            config.swarm_origin_requests or None,
         ) as coordinator:
             yield coordinator

@@ -350,6 +350,12 @@ DAEMON: tuple[Setting, ...] = (
         types=(int, str),
     ),
     _daemon(
+        "swarm_origin_requests",
+        "requests in flight to one origin for the whole cluster, shared out among the "
+        "nodes that pull from it (the lowest any node is given holds; default 64, 0: no cap)",
+        types=(int,),
+    ),
+    _daemon(
         "swarm_host",
         "address the swarm listens on (default --host; with 0.0.0.0 the address a peer reached)",
     ),

@@ -99,13 +99,15 @@ def _signed(response: web.Response, proof: PeerProof | None, nonce: str | None) 
 def _manifest_body(
     held: Coordinator, key: str, manifest: Manifest, swarm: str
 ) -> tuple[bytes, str]:
-    """The encoded manifest and its ETag, kept until the manifest or address changes."""
+    """The encoded manifest and its ETag, kept until the manifest, address or the
+    throttling answers this node got change (those go in every manifest it answers)."""
+    throttled = held.throttled()
     kept = held.encoded.get(key)
-    if kept is not None and kept[0] is manifest and kept[1] == swarm:
+    if kept is not None and kept[0] is manifest and kept[1] == (swarm, throttled):
         return kept[2], kept[3]
-    body = json.dumps(manifest.as_dict(swarm), separators=(",", ":")).encode()
+    body = json.dumps(manifest.as_dict(swarm, throttled), separators=(",", ":")).encode()
     etag = f'"{hashlib.sha256(body).hexdigest()[:40]}"'
-    held.encoded[key] = (manifest, swarm, body, etag)
+    held.encoded[key] = (manifest, (swarm, throttled), body, etag)
     return body, etag
 
 

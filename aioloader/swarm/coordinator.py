@@ -51,12 +51,12 @@ from ..errors import LoaderError
 from ..redact import redacting_logger
 from ..runtime.threads import Lane, run_blocking
 from ..settings.options import LoadOptions
-from ..settings.values import Limits
 from ..sources.base import Current
 from .admission import Admission
 from .asking import Asker
 from .deal import Deal, Lead, deal
 from .followed import Answer, Followed, known_torrent, leads, watched
+from .gentle import Heard, leading
 from .looking import cluster_view, own_view
 from .manifest import (
     FileOffer,
@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from ..cache.records import CachedModel
     from ..sources.stores import Location
 
-__all__ = ["LEAD_CHUNK", "Coordinator"]
+__all__ = ["Coordinator"]
 
 T = TypeVar("T")
 
@@ -88,7 +88,6 @@ logger = redacting_logger(__name__)
 
 SETTLE = 5  # times ``wait``: how long silent peers are asked again before ranking
 HELD_CHECK = 5.0  # seconds between looks at the seeded files, for other processes' removals
-LEAD_CHUNK = 8 << 20  # the largest origin read of a node that pulls files (``_leading``)
 
 
 class Coordinator(Offers):
@@ -102,6 +101,9 @@ class Coordinator(Offers):
         wait: seconds to wait for the peers' answers.
         scratch: where swarm downloads land before the cache copies them.
         advertised: this node's swarm address as peers reach it (``ip:port``).
+        origin_requests: the cluster's cap on requests in flight to an origin, shared
+            out among the nodes that pull from it (None: no cap; the lowest a node of
+            the split is configured with holds, see deal.py).
     """
 
     def __init__(
@@ -113,8 +115,11 @@ class Coordinator(Offers):
         wait: float,
         scratch: Path,
         advertised: str,
+        origin_requests: int | None = None,
     ) -> None:
         super().__init__(swarm, node, advertised)
+        self.origin_requests = origin_requests
+        self.heard = Heard()  # the peers' throttling answers, heeded
         self.peers = peers
         self.wait = wait
         self.scratch = scratch
@@ -160,7 +165,7 @@ class Coordinator(Offers):
 
     def set_peers(self, peers: list[PeerAddress]) -> None:
         """The peers' API addresses, in place of those given at the start (a daemon
-        embedded in a program that learns them later: aioloader/ray.py); the next fetch
+        embedded in a program that learns them later: aioloader/ray/preload.py); the next fetch
         resolves and asks them, and the swarm's filter follows."""
         self.peers = list(peers)
         self.admission.peers = self.peers
@@ -188,6 +193,8 @@ class Coordinator(Offers):
         answer = await self._asker.ask(api, key)
         if answer is not None:
             await self.admission.learn([answer.swarm])
+            if answer.manifest is not None:
+                self.heard.heed(answer.node, answer.manifest.throttled)
         return answer
 
     async def _torrent(self, api: str, offer: FileOffer) -> bytes | None:
@@ -293,21 +300,24 @@ class Coordinator(Offers):
     ) -> CachedModel:
         url = where.first
         reads = self.reads.setdefault(key, Reads())  # over every try of the model
-        manifest = self.manifests.setdefault(key, Manifest(key, url, self.node, self.advertised))
+        manifest = self.manifests.setdefault(
+            key,
+            Manifest(key, url, self.node, self.advertised, origin_requests=self.origin_requests),
+        )
         if manifest.state != "complete":
             # It takes part in the split unless a node holds the model (then it follows).
             self.manifests[key] = replace(manifest, state="fetching")
         answers = await self._survey(key)
         dead: set[str] = set()
         while True:
-            dealt = deal(key, self.node, answers, dead)
+            dealt = deal(key, self.node, answers, dead, self.origin_requests)
             if self.manifests[key].state != "complete":
                 state: State = "following" if dealt.whole is not None else "fetching"
                 self.manifests[key] = replace(self.manifests[key], state=state)
             logger.info("%s: %s", url, dealt)
             route = _Route(dealt, {n: self._followed(key, lead) for n, lead in dealt.leads.items()})
             supply = self.supplies[key] = self._supply(key, reads, route, cache)
-            fetching = options if dealt.whole is not None else _leading(options)
+            fetching = options if dealt.whole is not None else leading(options, dealt.share)
             try:
                 work = cache.fetch(where, options=fetching, progress=progress, supply=supply)
                 followed = list(route.followed.values())
@@ -372,14 +382,6 @@ class _Route:
 
     def expect(self, names: list[str]) -> None:
         self.deal.expect(names)
-
-
-def _leading(options: LoadOptions) -> LoadOptions:
-    """A leader's fetch: it reads the origin in ranges of ``LEAD_CHUNK`` bytes at most, so
-    that its reads in flight span fewer files, and its first files commit, and reach the
-    followers, sooner (16 reads of 16 MiB spanned two 128 MiB shards)."""
-    limits = options.limits or Limits()
-    return replace(options, limits=replace(limits, chunk_size=min(limits.chunk_size, LEAD_CHUNK)))
 
 
 async def _gather(coros: Iterable[Awaitable[T]]) -> list[T]:

@@ -36,6 +36,10 @@ class Deal:
         leads: node id -> its ``Lead``, for every node this one may follow.
         whole: the node followed for every file, where one holds the model.
         listed: file name -> a node whose manifest lists it (followed for it).
+        pullers: the nodes of the cohort that pull files from the origin (None: all);
+            the others follow only.
+        share: the requests in flight to the origin each puller may have (None: no
+            cap): the cluster's cap shared out among the pullers.
     """
 
     key: str
@@ -44,6 +48,8 @@ class Deal:
     leads: dict[str, Lead]
     whole: str | None = None
     listed: dict[str, str] = field(default_factory=dict)
+    pullers: list[str] | None = None
+    share: int | None = None
     _assigned: dict[str, str] = field(default_factory=dict, repr=False)
     _routed: set[str] = field(default_factory=set, repr=False)
 
@@ -52,7 +58,16 @@ class Deal:
             return f"following {self.whole[:8]}"
         if len(self.cohort) == 1:
             return "pulling from the origin"
+        pullers = self._pullers()
+        if len(pullers) < len(self.cohort):
+            return (
+                f"splitting the files among {len(pullers)} of {len(self.cohort)} nodes "
+                f"(the cluster's cap on origin requests, {self.share} each)"
+            )
         return f"splitting the files among {len(self.cohort)} nodes"
+
+    def _pullers(self) -> list[str]:
+        return self.cohort if self.pullers is None else self.pullers
 
     def leader(self, name: str) -> str:
         """The node that pulls the file ``name`` from the origin (or holds it already)."""
@@ -60,7 +75,7 @@ class Deal:
         if listed is not None and listed in self.leads:
             return listed
         assigned = self._assigned.get(name)
-        return assigned if assigned is not None else ranked(self._key(name), self.cohort)[0]
+        return assigned if assigned is not None else ranked(self._key(name), self._pullers())[0]
 
     def _key(self, name: str) -> str:
         return f"{self.key}/{name}"
@@ -79,19 +94,27 @@ class Deal:
         deals alike). Rendezvous hashing alone gave one node of eight four of eight
         shards: its link to the origin, then its upload, set the cluster's pace. A file
         already routed (the index, read to find the others) keeps its node."""
-        load = dict.fromkeys(self.cohort, 0)
+        pullers = self._pullers()
+        load = dict.fromkeys(pullers, 0)
         for name in sorted(set(names) - self._routed):
             least = min(load.values())
-            node = next(n for n in ranked(self._key(name), self.cohort) if load[n] == least)
+            node = next(n for n in ranked(self._key(name), pullers) if load[n] == least)
             self._assigned[name] = node
             load[node] += 1
 
 
-def deal(key: str, node: str, answers: list[Answer], dead: set[str]) -> Deal:
+def deal(
+    key: str, node: str, answers: list[Answer], dead: set[str], cap: int | None = None
+) -> Deal:
     """The deal for the model ``key`` on node ``node``, from the other nodes'
     ``answers`` less the ``dead`` ones: a node that holds the model whole is followed
     for every file; else the nodes that answered (but those following a holder) and
-    this one split the files, and a file a node lists already is followed there."""
+    this one split the files, and a file a node lists already is followed there.
+
+    ``cap``: this node's cap on requests in flight to the origin, cluster-wide. The
+    lowest cap of the split holds (each node publishes its own, so all deal alike);
+    where it is below the number of nodes, the first ``cap`` of the model's ranking
+    pull and the rest follow; each puller may have ``cap // pullers`` in flight."""
     alive = [a for a in answers if a.node not in dead]
     swarms = [a.swarm for a in alive if a.swarm]
 
@@ -108,6 +131,13 @@ def deal(key: str, node: str, answers: list[Answer], dead: set[str]) -> Deal:
     split = [a for a in alive if a.manifest is None or a.manifest.state != "following"]
     cohort = sorted({a.node for a in split} | {node})
     leads = {a.node: lead(a, cohort) for a in split}
+    caps = [a.manifest.origin_requests for a in split if a.manifest is not None]
+    lowest = min([c for c in [cap, *caps] if c is not None], default=None)
+    pullers = None
+    share = None
+    if lowest is not None:
+        pullers = ranked(key, cohort)[:lowest] if lowest < len(cohort) else cohort
+        share = max(1, lowest // len(pullers))
     # A file a node lists already (it holds it, or pulls it from the origin) is followed
     # there, whatever the ranking says: a node that joins a split late pulls nothing twice.
     listed: dict[str, str] = {}
@@ -115,7 +145,7 @@ def deal(key: str, node: str, answers: list[Answer], dead: set[str]) -> Deal:
         for offer in answer.manifest.files if answer.manifest else ():
             if offer.info_hash is not None or offer.name not in listed:
                 listed[offer.name] = answer.node
-    return Deal(key, node, cohort, leads, listed=listed)
+    return Deal(key, node, cohort, leads, listed=listed, pullers=pullers, share=share)
 
 
 def share_of(node: str, nodes: list[str], followed: str) -> tuple[int, int]:

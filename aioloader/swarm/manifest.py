@@ -5,7 +5,11 @@ A manifest::
     {"key": <model_key(url)>, "url": <redacted URL>, "node": <node id>,
      "swarm": "ip:port", "state": "fetching" | "following" | "complete",
      "files": [{"name": path within the origin, "url" (redacted), "size", "etag",
-                "last_modified", "done": bytes held, "info_hash": v2 hex | null}]}
+                "last_modified", "done": bytes held, "info_hash": v2 hex | null}],
+     "origin_requests": the cluster's cap on requests in flight to an origin, as
+                        this node is configured (absent: no cap),
+     "throttled": [{"origin": "scheme://host:port", "count": throttling answers
+                    this node got from it, "resume_in": seconds left of its pause}]}
 
 ``state``: ``fetching``, the node pulls the model from the origin (it leads); ``following``,
 it waits for or downloads from another node (or has not chosen yet): nobody follows it,
@@ -39,6 +43,7 @@ from ..redact import redact, without_credentials
 
 __all__ = [
     "MAX_FILE_SIZE",
+    "MAX_ORIGIN_REQUESTS",
     "FileOffer",
     "Manifest",
     "ManifestError",
@@ -47,6 +52,7 @@ __all__ = [
     "model_key",
     "parse",
     "swarm_address",
+    "Throttled",
     "torrent_name",
 ]
 
@@ -57,6 +63,11 @@ MAX_FILE_SIZE = 1 << 50  # 1 PiB: larger is a lie
 MAX_FILES = 100_000
 MAX_TORRENT = 32 << 20  # bytes of one file's torrent (a v2 torrent holds 32 B a piece)
 _MAX_TEXT = 4096
+MAX_ORIGIN_REQUESTS = 4096
+"""The largest cluster-wide cap on requests in flight to one origin."""
+_MAX_THROTTLED = 16  # origins in one manifest's ``throttled``
+_MAX_COUNT = (1 << 31) - 1
+_MAX_PAUSE = 3600.0  # seconds: a larger ``resume_in`` is a lie (and is capped when heeded)
 _HEX = re.compile(r"^[0-9a-f]+$")
 
 
@@ -125,6 +136,19 @@ class FileOffer:
 
 
 @dataclass(frozen=True)
+class Throttled:
+    """Throttling answers a node got from one origin: how many, and the seconds left of
+    the pause the last one asked for (runtime/throttle.py ``Origin``)."""
+
+    origin: str
+    count: int
+    resume_in: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {"origin": self.origin, "count": self.count, "resume_in": self.resume_in}
+
+
+@dataclass(frozen=True)
 class Manifest:
     key: str
     url: str
@@ -132,6 +156,9 @@ class Manifest:
     swarm: str
     state: State = "following"
     files: tuple[FileOffer, ...] = field(default=())
+    origin_requests: int | None = None
+    # Not progress: a peer whose manifest changes only here has not moved (followed.py).
+    throttled: tuple[Throttled, ...] = field(default=(), compare=False)
 
     def file(self, name: str) -> FileOffer | None:
         return next((f for f in self.files if f.name == name), None)
@@ -145,8 +172,10 @@ class Manifest:
         files = [f for f in self.files if f.name != offer.name]
         return replace(self, files=(*files, offer))
 
-    def as_dict(self, swarm: str | None = None) -> dict[str, object]:
-        return {
+    def as_dict(
+        self, swarm: str | None = None, throttled: tuple[Throttled, ...] | None = None
+    ) -> dict[str, object]:
+        doc: dict[str, object] = {
             "key": self.key,
             "url": redact(self.url),
             "node": self.node,
@@ -154,6 +183,12 @@ class Manifest:
             "state": self.state,
             "files": [f.as_dict() for f in self.files],
         }
+        if self.origin_requests is not None:
+            doc["origin_requests"] = self.origin_requests
+        shown = self.throttled if throttled is None else throttled
+        if shown:
+            doc["throttled"] = [t.as_dict() for t in shown]
+        return doc
 
 
 def _optional_text(value: object, what: str, *, limit: int = _MAX_TEXT) -> str | None:
@@ -264,6 +299,35 @@ def _offer(raw: object, i: int) -> FileOffer:
     )
 
 
+def _throttled(raw: object) -> tuple[Throttled, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > _MAX_THROTTLED:
+        raise ManifestError(f"throttled is not a list of at most {_MAX_THROTTLED}")
+    found = []
+    for i, item in enumerate(raw):
+        what = f"throttled[{i}]"
+        if not isinstance(item, dict):
+            raise ManifestError(f"{what} is not an object")
+        resume_in = item.get("resume_in")
+        if (
+            isinstance(resume_in, bool)
+            or not isinstance(resume_in, (int, float))
+            or not 0 <= resume_in <= _MAX_PAUSE  # NaN fails this too
+        ):
+            raise ManifestError(f"{what}.resume_in is not a number of seconds from 0 to 3600")
+        found.append(
+            Throttled(
+                _text(item.get("origin"), f"{what}.origin", limit=256),
+                _count(item.get("count"), f"{what}.count", _MAX_COUNT),
+                float(resume_in),
+            )
+        )
+    if len({t.origin for t in found}) != len(found):
+        raise ManifestError("throttled names an origin twice")
+    return tuple(found)
+
+
 def parse(doc: object, peer: str, key: str) -> Manifest:
     """The manifest a peer sent for the model ``key`` (its torrents, fetched by their
     info hash, are checked by ``check_torrent``).
@@ -295,6 +359,11 @@ def parse(doc: object, peer: str, key: str) -> Manifest:
         offers = tuple(_offer(raw, i) for i, raw in enumerate(files))
         if len({o.name for o in offers}) != len(offers):
             raise ManifestError("it names a file twice")
+        cap = doc.get("origin_requests")
+        if cap is not None:
+            cap = _count(cap, "origin_requests", MAX_ORIGIN_REQUESTS)
+            if cap == 0:
+                raise ManifestError("origin_requests is 0 (absent means no cap)")
         return Manifest(
             key=key,
             url=_text(doc.get("url"), "url"),
@@ -302,6 +371,8 @@ def parse(doc: object, peer: str, key: str) -> Manifest:
             swarm=swarm_address(doc.get("swarm")),
             state=state,
             files=offers,
+            origin_requests=cap,
+            throttled=_throttled(doc.get("throttled")),
         )
     except ManifestError as exc:
         raise ManifestError(f"peer {peer}: its manifest of {key[:12]} is refused: {exc}") from None

@@ -23,9 +23,10 @@ from ..cache.entry import Version
 from ..errors import LoaderError
 from ..redact import redacting_logger
 from ..runtime.threads import Lane, run_blocking
+from ..runtime.throttle import origins
 from ..sources.base import Current
 from .held import Held, HeldFile
-from .manifest import FileOffer, Manifest, file_name, torrent_name
+from .manifest import FileOffer, Manifest, Throttled, file_name, torrent_name
 from .session import Swarm
 from .torrents import info_hash, make_torrent
 
@@ -46,7 +47,8 @@ class Offers:
         self.node = node
         self.advertised = advertised
         self.manifests: dict[str, Manifest] = {}
-        self.encoded: dict[str, tuple[Manifest, str, bytes, str]] = {}  # swarm_api.py's
+        # answering.py's: manifest, (address, throttled), body, ETag
+        self.encoded: dict[str, tuple[Manifest, object, bytes, str]] = {}
         self.held = Held()
         self._fetching: set[str] = set()  # models being fetched: a file may leave alone
         self._lane = Lane("swarm", 1)  # torrents made, manifests parsed
@@ -59,6 +61,13 @@ class Offers:
                 if offer.info_hash == digest and offer.torrent is not None:
                     return offer.torrent
         return None
+
+    def throttled(self) -> tuple[Throttled, ...]:
+        """The throttling answers this process got, per origin (runtime/throttle.py),
+        for its manifests: the nodes that read them slow down too."""
+        got = [o for o in origins() if o.throttled and len(o.name) <= 256]
+        got.sort(key=lambda o: o.last, reverse=True)  # the latest first, if many
+        return tuple(Throttled(o.name, o.throttled, round(o.resume_in(), 1)) for o in got[:16])
 
     def close(self) -> None:
         self._lane.close()

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from ...errors import ReadError, ReadTimeoutError
 from ...redact import redacting_logger
-from ...runtime.throttle import AdaptiveLimiter, LimiterStatistics
+from ...runtime.throttle import AdaptiveLimiter, LimiterStatistics, origin, origin_name
 from ...settings.values import HttpOptions
 from .client import Pace
 
@@ -126,6 +126,8 @@ class Retrier:
                 stalled, or when the deadline passed).
         """
         options = self._options
+        # Its origin's throttling answers, here or on a peer (the swarm), slow this too.
+        self._limiter.bind(origin(origin_name(url)))
         try:
             async with asyncio.timeout(options.deadline):
                 return await self._attempts(url, start, end, attempt_once, progress)
