@@ -29,7 +29,8 @@ import torch
 from safetensors.torch import save_file
 
 import aioloader
-from aioloader.ray import _holder_name, load_shared, release_shared
+from aioloader.ray import load_shared, release_shared
+from aioloader.ray.shared import _holder_name
 from tests.servers import FaultyHttpServer
 
 MiB = 1 << 20

@@ -333,7 +333,7 @@ def test_preload_refuses_a_cache_dir_template_it_cannot_fill(
 
 
 def test_cache_dir_templates_that_are_filled() -> None:
-    from aioloader.ray import _cache_dir_for, check_cache_dir
+    from aioloader.ray.preload import _cache_dir_for, check_cache_dir
 
     node = {"NodeID": "abc", "NodeManagerAddress": "10.0.0.7"}
     for template, want in [

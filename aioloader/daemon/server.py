@@ -87,7 +87,7 @@ class Server:
     def __init__(self, config: DaemonConfig, *, swarm: bool = False) -> None:
         """``swarm``: start the swarm even without ``config.peers``, for a program that
         embeds the daemon and gives it its peers once it knows them (``set_peers``;
-        aioloader/ray.py)."""
+        aioloader/ray/preload.py)."""
         self.config = config
         self.port: int | None = None
         self.swarm = swarm
