@@ -1,9 +1,9 @@
 """What aioloader uses of libtorrent, declared: libtorrent ships no type stubs.
 
 Each protocol names exactly the members the swarm calls (session.py, alerts.py,
-download.py, torrents.py, settings_pack.py); ``torrents.libtorrent()`` narrows the imported module
-to ``Libtorrent`` once, and every value it makes is typed from there. A member used
-anew is declared here first.
+download.py, torrents.py, range_torrents.py, settings_pack.py); ``torrents.libtorrent()``
+narrows the imported module to ``Libtorrent`` once, and every value it makes is typed
+from there. A member used anew is declared here first.
 """
 
 from __future__ import annotations
@@ -186,6 +186,8 @@ class AddTorrentParams(Protocol):
     save_path: str
     renamed_files: dict[int, str]
     flags: int
+    piece_priorities: list[int]
+    have_pieces: list[bool]
 
 
 class IpFilter(Protocol):

@@ -26,7 +26,8 @@ from ..redact import redacting_logger
 from ..runtime.threads import Lane, run_blocking
 from . import alerts
 from .download import Download, SwarmError, SwarmStalled
-from .libtorrent_types import Session, TorrentHandle
+from .libtorrent_types import AddTorrentParams, Session, TorrentHandle
+from .range_torrents import add_params
 from .settings_pack import settings_pack
 from .torrents import describe, info_hash, libtorrent
 
@@ -180,10 +181,6 @@ class Swarm:
         seed: bool,
     ) -> TorrentHandle:
         lt = libtorrent()
-        if old is not None:
-            # Removal is asynchronous: a torrent added again before it is gone would get
-            # the old, dying handle back (and "invalid torrent handle" on its next use).
-            self._remove(session, info_hash(torrent), old)
         params = lt.add_torrent_params()
         params.ti = lt.torrent_info(torrent)
         params.save_path = str(folder)
@@ -198,6 +195,16 @@ class Swarm:
             # none of its pieces is there yet, and hashing it to find out reads it whole.
             flags |= lt.torrent_flags.no_verify_files
         params.flags = flags
+        return self._put(session, old, torrent, params)
+
+    def _put(
+        self, session: Session, old: TorrentHandle | None, torrent: bytes, params: AddTorrentParams
+    ) -> TorrentHandle:
+        """Add ``torrent`` with ``params``, in place of ``old`` (if any)."""
+        if old is not None:
+            # Removal is asynchronous: a torrent added again before it is gone would get
+            # the old, dying handle back (and "invalid torrent handle" on its next use).
+            self._remove(session, info_hash(torrent), old)
         handle = session.add_torrent(params)
         handle.resume()  # not auto-managed: nothing else would start it
         return handle
@@ -251,6 +258,43 @@ class Swarm:
 
         handle = await self._added(torrent, add)
         download = Download(self, handle, torrent, path)
+        download.connect(peers)
+        await run_blocking(self.lane, download._look)  # connects now
+        return download
+
+    async def seed_range(self, torrent: bytes, path: Path) -> None:
+        """Offer the range of a range torrent (range_torrents.py) from the partial file
+        ``path``, which holds it written and is sized to the whole file; nothing else of
+        the file is read or written. A download of the same torrent is replaced.
+
+        Raises:
+            RangeError: not a range torrent, or ``path`` is not its file's size.
+        """
+        session = self._open_session()
+        params = await run_blocking(self.lane, lambda: add_params(torrent, path, seed=True))
+        await self._added(torrent, lambda old: self._put(session, old, torrent, params))
+        self._seeds[info_hash(torrent)] = path
+
+    async def download_range(
+        self, torrent: bytes, into: Path, peers: Iterable[tuple[str, int]]
+    ) -> Download:
+        """Start fetching the range of a range torrent (range_torrents.py; its info dict
+        alone will do: the hashes come from the peers) into the partial file ``into``,
+        made and sized to the whole file by its holder, at the range's offset; nothing
+        else of the file is written. ``wait_range(offset, offset + length)`` says when
+        it is on disk.
+
+        Raises:
+            RangeError: not a range torrent, or ``into`` is not its file's size.
+        """
+        session = self._open_session()
+        key = info_hash(torrent)
+        seeded = self._seeds.get(key)
+        if seeded is not None:  # held already, as ``download`` says
+            return Download(self, self._handles[key], torrent, seeded, owned=False)
+        params = await run_blocking(self.lane, lambda: add_params(torrent, into, seed=False))
+        handle = await self._added(torrent, lambda old: self._put(session, old, torrent, params))
+        download = Download(self, handle, torrent, into)
         download.connect(peers)
         await run_blocking(self.lane, download._look)  # connects now
         return download
