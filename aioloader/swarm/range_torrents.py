@@ -41,6 +41,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from .bencode import Bencoded, bdecode, bencode
 from .libtorrent_types import AddTorrentParams
 from .torrents import libtorrent
 
@@ -72,94 +73,6 @@ _MAX_PIECE = 1 << 30
 
 class RangeError(ValueError):
     """A range torrent is malformed, or does not fit the file it is for."""
-
-
-# -- bencoding (BEP 3): the torrent is ours to write, and a peer's to check -----------------
-
-Bencoded = int | bytes | list["Bencoded"] | dict[bytes, "Bencoded"]
-
-
-def bencode(value: Bencoded) -> bytes:
-    """``value`` bencoded; dict keys in sorted order, as BEP 3 requires."""
-    out: list[bytes] = []
-    _encode(value, out)
-    return b"".join(out)
-
-
-def _encode(value: Bencoded, out: list[bytes]) -> None:
-    if isinstance(value, bool):
-        raise TypeError("bencode: a bool is not an integer here")
-    if isinstance(value, int):
-        out.append(b"i%de" % value)
-    elif isinstance(value, bytes):
-        out.append(b"%d:%s" % (len(value), value))
-    elif isinstance(value, list):
-        out.append(b"l")
-        for item in value:
-            _encode(item, out)
-        out.append(b"e")
-    else:
-        out.append(b"d")
-        for key in sorted(value):
-            _encode(key, out)
-            _encode(value[key], out)
-        out.append(b"e")
-
-
-def bdecode(data: bytes) -> Bencoded:
-    """The value bencoded in ``data``: strict (one value, canonical integers, dict keys
-    sorted and unique), so that what we check is what libtorrent hashes.
-
-    Raises:
-        RangeError: ``data`` is not exactly one canonical bencoded value.
-    """
-    try:
-        value, end = _decode(data, 0, 0)
-    except (IndexError, ValueError) as exc:
-        raise RangeError(f"not a bencoded torrent ({exc})") from None
-    if end != len(data):
-        raise RangeError(f"not a bencoded torrent ({len(data) - end} bytes after its end)")
-    return value
-
-
-def _decode(data: bytes, at: int, depth: int) -> tuple[Bencoded, int]:
-    if depth > 64:
-        raise ValueError("nested too deep")
-    head = data[at : at + 1]
-    if head == b"i":
-        end = data.index(b"e", at)
-        text = data[at + 1 : end]
-        if not text or text != b"%d" % int(text):
-            raise ValueError(f"integer {text[:24]!r} at {at} is not canonical")
-        return int(text), end + 1
-    if head == b"l":
-        items: list[Bencoded] = []
-        at += 1
-        while data[at : at + 1] != b"e":
-            item, at = _decode(data, at, depth + 1)
-            items.append(item)
-        return items, at + 1
-    if head == b"d":
-        found: dict[bytes, Bencoded] = {}
-        last: bytes | None = None
-        at += 1
-        while data[at : at + 1] != b"e":
-            key, at = _decode(data, at, depth + 1)
-            if not isinstance(key, bytes):
-                raise ValueError(f"a dict key at {at} is not a string")
-            if last is not None and key <= last:
-                raise ValueError(f"dict key {key[:24]!r} out of order or repeated")
-            found[key], at = _decode(data, at, depth + 1)
-            last = key
-        return found, at + 1
-    if head.isdigit():
-        colon = data.index(b":", at)
-        text = data[at:colon]
-        if text != b"%d" % int(text) or colon + 1 + int(text) > len(data):
-            raise ValueError(f"string length {text[:24]!r} at {at} is wrong")
-        end = colon + 1 + int(text)
-        return data[colon + 1 : end], end
-    raise ValueError(f"unexpected {head!r} at {at}")
 
 
 # -- merkle trees (BEP 52) ---------------------------------------------------------------
@@ -296,6 +209,13 @@ def make_range_torrent(
     return bencode(torrent)
 
 
+def _decoded(torrent: bytes) -> Bencoded:
+    try:
+        return bdecode(torrent)
+    except ValueError as exc:
+        raise RangeError(str(exc)) from None
+
+
 def _check_name(name: str) -> None:
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
         raise RangeError(f"torrent name {name!r} is not a plain file name")
@@ -324,7 +244,7 @@ def describe_range(torrent: bytes) -> tuple[str, int, int, int, int]:
     Raises:
         RangeError: any of the above does not hold, saying which.
     """
-    top = _dict(bdecode(torrent), "the torrent")
+    top = _dict(_decoded(torrent), "the torrent")
     info = _dict(top.get(b"info"), "the torrent's info")
     if set(info) != _INFO_KEYS:
         raise RangeError(
@@ -404,7 +324,7 @@ def _parsed(torrent: bytes) -> None:
 def info_only(torrent: bytes) -> bytes:
     """The torrent without its piece layers: its info dict, all a follower needs (it asks
     the seeder for the hashes, and checks them against the root in the info dict)."""
-    top = _dict(bdecode(torrent), "the torrent")
+    top = _dict(_decoded(torrent), "the torrent")
     return bencode({b"info": _dict(top.get(b"info"), "the torrent's info")})
 
 
