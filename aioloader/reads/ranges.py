@@ -29,6 +29,10 @@ class RangeSet:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __bool__(self) -> bool:
+        """Whether any byte is present (without it, an empty set was true)."""
+        return bool(self._ranges)
+
     @property
     def total(self) -> int:
         """Bytes covered."""

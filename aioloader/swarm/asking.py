@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -159,9 +160,21 @@ class Asker:
     async def torrent(self, api: str, offer: FileOffer) -> bytes | None:
         """The torrent of ``offer``'s file from the peer at ``api``, by its info hash,
         checked (``check_torrent``); None: no usable answer (logged)."""
-        digest = offer.info_hash
-        if digest is None:
+        if offer.info_hash is None:
             return None
+        return await self._kept(
+            api, offer.info_hash, lambda raw: check_torrent(raw, offer, describe, info_hash)
+        )
+
+    async def range_torrent(
+        self, api: str, digest: str, check: Callable[[bytes], bytes]
+    ) -> bytes | None:
+        """The range torrent of info hash ``digest`` from the peer at ``api``, passed
+        through ``check`` (blocking: it parses; a ``ManifestError`` refuses it); None: no
+        usable answer (logged)."""
+        return await self._kept(api, digest, check)
+
+    async def _kept(self, api: str, digest: str, check: Callable[[bytes], bytes]) -> bytes | None:
         kept = self._torrents.get(digest)
         if kept is None:
             got = await self._get(api, f"/v1/swarm/torrents/{digest}", MAX_TORRENT)
@@ -170,9 +183,7 @@ class Asker:
                 return None
             kept = got[2]
         try:
-            raw = await run_blocking(
-                self.lane, lambda: check_torrent(kept, offer, describe, info_hash)
-            )
+            raw = await run_blocking(self.lane, lambda: check(kept))
         except ManifestError as exc:
             logger.warning("peer %s: %s; ignored", api, exc)
             return None

@@ -10,12 +10,12 @@ origin itself.
    peer that never comes costs that much, once);
 2. a peer that holds the model whole is followed for every file (``Deal.whole``);
 3. nobody holds it (a cold cluster): the nodes that answered, but those following a
-   holder, and this one split the files: each file is pulled from the origin by the
-   first node of its own ranking (rendezvous.py, keyed by model and file name), who
-   publishes its torrent as soon as it commits it, and every other node follows that
-   node for that file. Every node's link to the origin works at once and each file
-   leaves the origin once; a model of one file has one leader. A node in the split
-   says ``fetching``; one following a holder says ``following`` and leads nothing;
+   holder, and this one split the model: a file under 64 MiB is pulled from the
+   origin by the first node of its own ranking (rendezvous.py), a larger one in byte
+   ranges, about one per puller (ranges.py, ranged.py), each published as soon as it
+   is written; every other node follows each file's or range's puller. Every node's
+   link to the origin works at once, and each byte leaves the origin once. A node in
+   the split says ``fetching``; one following a holder says ``following``;
 4. a followed node stalls, goes away or sends bytes the cache refuses: it is dropped
    and the rest ranked again, which may make this node the one to pull its files from
    the origin (files already in the cache are not fetched again).
@@ -58,16 +58,11 @@ from .deal import Deal, Lead, deal
 from .followed import Answer, Followed, known_torrent, leads, watched
 from .gentle import Heard, leading
 from .looking import cluster_view, own_view
-from .manifest import (
-    FileOffer,
-    Manifest,
-    State,
-    file_name,
-    model_key,
-)
+from .manifest import FileOffer, Manifest, State, file_name, model_key
 from .offers import Offers
 from .peers import PeerAddress
 from .proof import PeerProof
+from .ranged import Split
 from .session import Swarm, SwarmError
 from .supply import Reads, SwarmSupply
 from .view import ClusterView, NodeView, parse_one
@@ -343,6 +338,7 @@ class Coordinator(Offers):
         followed = Followed(
             lead.answer, key, self.ask, self.swarm.stall, self._gone(), self._torrent
         )
+        followed.fetch_range = self._asker.range_torrent if self._asker else None
         followed.others = list(lead.others)
         followed.share = lead.share
         return followed
@@ -382,6 +378,10 @@ class _Route:
 
     def expect(self, names: list[str]) -> None:
         self.deal.expect(names)
+
+    def ranged(self) -> Split | None:
+        pullers, deal = self.deal.ranged(), self.deal
+        return None if pullers is None else Split(deal.key, deal.node, pullers, self.followed)
 
 
 async def _gather(coros: Iterable[Awaitable[T]]) -> list[T]:

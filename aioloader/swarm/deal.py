@@ -69,6 +69,12 @@ class Deal:
     def _pullers(self) -> list[str]:
         return self.cohort if self.pullers is None else self.pullers
 
+    def ranged(self) -> list[str] | None:
+        """The pullers a large file's ranges are dealt among (ranges.py), in node order;
+        None where a holder is followed or one node pulls."""
+        pullers = self._pullers()
+        return None if self.whole is not None or len(pullers) < 2 else sorted(pullers)
+
     def leader(self, name: str) -> str:
         """The node that pulls the file ``name`` from the origin (or holds it already)."""
         listed = self.listed.get(name)

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TypeVar
 
 from ..redact import redacting_logger
 from .asking import Answer
 from .download import SwarmError, SwarmStalled
-from .manifest import FileOffer
+from .manifest import MAX_TORRENT, FileOffer, ManifestError, torrent_name
+from .range_torrents import describe_range
+from .ranges import RangeOffer
+from .torrents import info_hash
+
+FetchRange = Callable[[str, str, Callable[[bytes], bytes]], Awaitable[bytes | None]]
 
 __all__ = ["Answer", "Followed", "known_torrent", "leads", "watched"]
 
@@ -43,6 +49,8 @@ class Followed:
         self._ask = ask  # the coordinator's: a peer's answer about a model
         self._fetch_torrent = fetch_torrent  # a torrent by its info hash, checked
         self.torrents: dict[str, bytes] = {}  # file name -> the torrent fetched
+        # a range torrent by its info hash, passed through a check (coordinator.py)
+        self.fetch_range: FetchRange | None = None
         self._stall = stall
         self._gone = stall if gone is None else min(gone, stall)
         self.api = answer.api
@@ -165,6 +173,57 @@ class Followed:
             raise SwarmError(f"{self!r}: its torrent of {name} could not be had")
         self.torrents[name] = raw
         return raw
+
+    async def range_torrent(self, name: str, offset: int, length: int, size: int) -> bytes:
+        """The range torrent of bytes ``[offset, offset + length)`` of the file ``name``
+        (``size`` bytes), once the node lists it written, fetched by its info hash (its
+        info dict) and checked against that range; SwarmError when it cannot be had."""
+
+        def ready() -> RangeOffer | None:
+            offer = self.manifest.file(name) if self.manifest else None
+            for one in offer.ranges if offer is not None and offer.size == size else ():
+                if (one.offset, one.length) == (offset, length) and one.info_hash:
+                    return one
+            return None
+
+        what = f"range [{offset}, {offset + length}) of {name}"
+        listed = await self._wait(ready, what)
+        assert listed.info_hash is not None
+        raw = None
+        if self.fetch_range is not None:
+            check = partial(check_range_torrent, name, size, offset, length, listed.info_hash)
+            raw = await self.fetch_range(self.api, listed.info_hash, check)
+        if raw is None:
+            raise SwarmError(f"{self!r}: its torrent of the {what} could not be had")
+        return raw
+
+
+def check_range_torrent(
+    name: str, size: int, offset: int, length: int, digest: str, raw: bytes
+) -> bytes:
+    """``raw``, a peer's range torrent, checked (blocking: it parses): the info hash
+    listed, and the file's name and size, the range's offset and length offered.
+
+    Raises:
+        ManifestError: it is not that torrent, saying how.
+    """
+    what = f"the torrent of range [{offset}, {offset + length}) of {name}"
+    if len(raw) > MAX_TORRENT:
+        raise ManifestError(f"{what} is over {MAX_TORRENT} bytes")
+    try:
+        got = describe_range(raw)[:4]
+        actual = info_hash(raw)
+    except ValueError as exc:
+        raise ManifestError(f"{what} is not a usable range torrent: {exc}") from None
+    if actual != digest:
+        raise ManifestError(f"{what} has the info hash {actual[:16]}, not {digest}")
+    want = (torrent_name(name), size, offset, length)
+    if got != want:
+        raise ManifestError(
+            f"{what} describes {got[0]!r:.80} of {got[1]} bytes, range [{got[2]}, "
+            f"{got[2] + got[3]}), not that range of {size} bytes"
+        )
+    return raw
 
 
 def known_torrent(follow: Followed | None, name: str, size: int, etag: str | None) -> bytes | None:

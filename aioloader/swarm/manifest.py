@@ -5,7 +5,9 @@ A manifest::
     {"key": <model_key(url)>, "url": <redacted URL>, "node": <node id>,
      "swarm": "ip:port", "state": "fetching" | "following" | "complete",
      "files": [{"name": path within the origin, "url" (redacted), "size", "etag",
-                "last_modified", "done": bytes held, "info_hash": v2 hex | null}],
+                "last_modified", "done": bytes held, "info_hash": v2 hex | null,
+                "ranges" (a large file of a split, ranges.py): [{"offset", "length",
+                "done", "info_hash" of the range torrent | null}]}],
      "origin_requests": the cluster's cap on requests in flight to an origin, as
                         this node is configured (absent: no cap),
      "throttled": [{"origin": "scheme://host:port", "count": throttling answers
@@ -40,6 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import FormatError
 from ..redact import redact, without_credentials
+from .ranges import RangeOffer, parse_ranges
 
 __all__ = [
     "MAX_FILE_SIZE",
@@ -122,9 +125,11 @@ class FileOffer:
     done: int = 0
     torrent: bytes | None = field(default=None, compare=False, repr=False)
     info_hash: str | None = None
+    ranges: tuple[RangeOffer, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
-        return {
+        ranges = {"ranges": [r.as_dict() for r in self.ranges]} if self.ranges else {}
+        return ranges | {
             "name": self.name,
             "url": redact(self.url),
             "size": self.size,
@@ -296,7 +301,15 @@ def _offer(raw: object, i: int) -> FileOffer:
         last_modified=_optional_text(raw.get("last_modified"), f"{what}.last_modified"),
         done=_count(raw.get("done", 0), f"{what}.done", size),
         info_hash=_info_hash(raw.get("info_hash"), f"{what}.info_hash"),
+        ranges=_ranges(raw.get("ranges"), size, what),
     )
+
+
+def _ranges(raw: object, size: int, what: str) -> tuple[RangeOffer, ...]:
+    try:
+        return parse_ranges(raw, size, what)
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 def _throttled(raw: object) -> tuple[Throttled, ...]:

@@ -60,6 +60,9 @@ class Offers:
             for offer in manifest.files:
                 if offer.info_hash == digest and offer.torrent is not None:
                     return offer.torrent
+                for one in offer.ranges:  # its info dict: the hashes come from the seeder
+                    if one.info_hash == digest and one.served is not None:
+                        return one.served
         return None
 
     def throttled(self) -> tuple[Throttled, ...]:
@@ -86,6 +89,7 @@ class Offers:
         logger.info("%s left the cache: no longer offered to peers", gone.path)
         if manifest is None:
             return
+        await self._unrange(manifest.file(gone.name))
         if gone.key in self._fetching:
             self.manifests[gone.key] = manifest.without(gone.name)
         else:
@@ -93,9 +97,17 @@ class Offers:
 
     async def _withdraw(self, key: str) -> None:
         """Offer nothing of the model ``key`` any more."""
-        self.manifests.pop(key, None)
+        manifest = self.manifests.pop(key, None)
+        for offer in manifest.files if manifest is not None else ():
+            await self._unrange(offer)
         for held in self.held.drop(key):
             await self.swarm.remove(held.info_hash)
+
+    async def _unrange(self, offer: FileOffer | None) -> None:
+        """The range torrents of ``offer`` leave the session (ranged.py)."""
+        for one in offer.ranges if offer is not None else ():
+            if one.info_hash is not None and one.torrent is not None:
+                await self.swarm.remove(one.info_hash)
 
     def _note(self, key: str) -> Callable[[FileOffer], None]:
         def noted(offer: FileOffer) -> None:
@@ -152,8 +164,12 @@ class Offers:
         old = await run_blocking(self._looks, lambda: self.held.add(key, name, key_of, data))
         if old is not None:
             await self.swarm.remove(old.info_hash)  # a new version of the file
-        offer = FileOffer(name, url, size, etag, modified, size, torrent, key_of)
         manifest = self.manifests.get(key)
+        # Its ranges stay listed (and seeded, ranged.py): a node still fetching one
+        # finds it.
+        was = manifest.file(name) if manifest is not None else None
+        ranges = was.ranges if was is not None and was.size == size else ()
+        offer = FileOffer(name, url, size, etag, modified, size, torrent, key_of, ranges)
         if manifest is not None:
             self.manifests[key] = manifest.with_file(offer)
         logger.info("offering %s to peers (%s)", name, info_hash(torrent)[:12])

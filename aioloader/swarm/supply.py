@@ -39,6 +39,8 @@ from .blobs import HeldBlob, OriginBlob, Reads, SwarmBlob
 from .download import SwarmError
 from .incoming import Follow, Incoming
 from .manifest import FileOffer, file_name
+from .ranged import Ranged, Split
+from .ranges import RANGED_FROM
 from .session import Swarm
 
 logger = redacting_logger(__name__)
@@ -71,7 +73,7 @@ def same_version(offer: FileOffer, current: Current) -> bool:
 class _Way:
     """Where one file of a fetch comes from: the origin, the cache (held), or a node."""
 
-    kind: Literal["origin", "held", "follow"]
+    kind: Literal["origin", "held", "follow", "ranged"]
     current: Current | None = None
     data: Path | None = None  # held: the cache entry's bytes
     follow: Follow | None = None
@@ -101,6 +103,9 @@ class Route(Protocol):
 
     def expect(self, names: list[str]) -> None:
         """The names of every file of the fetch."""
+
+    def ranged(self) -> Split | None:
+        """The pullers a large file is dealt among in ranges (None: no split)."""
 
 
 class _Following(Delivery):
@@ -173,6 +178,7 @@ class SwarmSupply(Supply):
         self.blamed: str | None = None
         self._ways: dict[str, asyncio.Future[_Way]] = {}
         self._incoming: dict[str, Incoming] = {}  # name -> its download, for this fetch
+        self._ranged: dict[str, Ranged] = {}  # name -> its ranges, for this fetch
 
     def __repr__(self) -> str:
         return f"<SwarmSupply {self.route!r}>"
@@ -191,9 +197,15 @@ class SwarmSupply(Supply):
 
     async def _decide(self, url: str, name: str, origin: Source) -> _Way:
         follow = self.route(name)
-        if follow is None:
+        split = self.route.ranged()
+        if follow is None and split is None:
             return _Way("origin")
         current = await origin.current(url)  # the origin's failure, not the peer's
+        if split is not None and current.size >= RANGED_FROM:
+            data = await self.held(url, current)
+            return _Way("held", current, data=data) if data else _Way("ranged", current)
+        if follow is None:
+            return _Way("origin")
         data = await self.held(url, current)
         if data is not None:
             return _Way("held", current, data=data)
@@ -216,6 +228,8 @@ class SwarmSupply(Supply):
             return Delivery(HeldBlob(origin, url, way.current, way.data, lane))
         if way.kind == "origin":
             return None
+        if way.kind == "ranged":
+            return await self._range(url, name, origin, lane, way)
         assert way.follow is not None and way.current is not None
         follow, size = way.follow, way.current.size
         incoming = self._incoming.get(name)
@@ -231,6 +245,24 @@ class SwarmSupply(Supply):
         blob = SwarmBlob(self.blaming, self.reads, incoming, way.current)
         return _Following(self, incoming, blob)
 
+    async def _range(
+        self, url: str, name: str, origin: Source, lane: Executor, way: _Way
+    ) -> Ranged:
+        split, current = self.route.ranged(), way.current
+        assert split is not None and current is not None
+        ranged = self._ranged.get(name)
+        if ranged is None or ranged.size != current.size:
+            digest = await origin.publisher_digest(url)
+            ranged = self._ranged.get(name)  # another open made it meanwhile
+            if ranged is None or ranged.size != current.size:
+                if ranged is not None:
+                    await ranged.aclose()
+                ranged = self._ranged[name] = Ranged(
+                    split, self.swarm, lane, origin, url, name, current, self.reads,
+                    self.noted, digest,
+                )  # fmt: skip
+        return ranged
+
     def ways(self) -> dict[str, FileWay]:
         """How each file this try opened comes."""
         found = {}
@@ -242,7 +274,9 @@ class SwarmSupply(Supply):
             follow, incoming = way.follow, self._incoming.get(name)
             digest = incoming.info_hash if incoming is not None else None
             size = way.current.size if way.current is not None else None
-            if follow is None:
+            if way.kind == "ranged":
+                found[name] = FileWay("origin", size)  # its own ranges, and the others'
+            elif follow is None:
                 found[name] = FileWay(way.kind, size)
             else:
                 found[name] = FileWay(way.kind, size, follow.node, follow.api, digest)
@@ -263,6 +297,9 @@ class SwarmSupply(Supply):
             incoming = self._incoming.pop(name, None)
             if incoming is not None:
                 await incoming.aclose()
+            ranged = self._ranged.pop(name, None)
+            if ranged is not None:
+                await ranged.committed(data)
 
     def detour(self, error: BaseException) -> bool:
         """A file whose followed node failed (``SwarmError``: stalled, gone, a torrent
@@ -289,3 +326,6 @@ class SwarmSupply(Supply):
         incoming, self._incoming = list(self._incoming.values()), {}
         for one in incoming:
             await one.aclose()
+        ranged, self._ranged = list(self._ranged.values()), {}
+        for each in ranged:
+            await each.aclose()

@@ -1,0 +1,355 @@
+"""A large file of a cold split, assembled from byte ranges (``Ranged``: a ``Delivery``).
+
+Every puller of the split reads its own ranges of the file (ranges.py) from the origin
+straight into the cache entry's partial file (``landing``: made and sized by the
+fetch), in reads of ``CHUNK`` bytes at most, hashes each range as a range torrent
+(range_torrents.py, in a thread) and seeds it from that file at once, listing it in
+its manifest; it downloads every other range from its puller into the same file at
+the range's offset (``Swarm.download_range``, from the range torrent's info dict,
+fetched by its info hash and checked against the range offered). So each byte is
+written once, and the fetch takes each range as soon as it is written or checked
+(``arrived``). Where the origin publishes a digest of the file, the whole file is
+hashed once every range is in (``verified``).
+
+A puller that goes away (the followed node's watch) or stalls costs the ranges it had
+not published to this node: they are dealt again among the pullers left (``owner``,
+alike on every node), and where this node is a range's new owner and holds it already
+(downloaded before its puller went), it publishes it without reading the origin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+
+from ..cache.supply import Arrival, Delivery
+from ..errors import DigestMismatchError, ObjectChangedError
+from ..redact import redacting_logger
+from ..runtime.direct_io import fill
+from ..runtime.threads import run_blocking
+from ..sources.base import Blob, Current, Source
+from ..sources.digests import Digest
+from .counts import Reads
+from .download import Download, SwarmError
+from .followed import Followed
+from .manifest import FileOffer, torrent_name
+from .range_torrents import info_only, make_range_torrent
+from .ranges import PIECE, RangeOffer, owner, spans
+from .session import Swarm
+from .torrents import info_hash
+
+__all__ = ["CHUNK", "Ranged", "Split"]
+
+logger = redacting_logger(__name__)
+
+CHUNK = 8 << 20  # the largest origin read, and the bytes hashed at a time
+_ADOPT = 0.5  # seconds between looks for pullers gone
+
+
+@dataclass(frozen=True)
+class Split:
+    """The pullers a large file's ranges are dealt among (deal.py), this node among
+    them or not, and the nodes followed (by id) for the ranges of the others."""
+
+    key: str
+    node: str
+    pullers: list[str]
+    followed: Mapping[str, Followed]
+
+    def gone(self) -> set[str]:
+        return {n for n, f in self.followed.items() if f.gone is not None}
+
+
+class _Origin(Blob):
+    """The origin's file at the version ``current``, opened at the first read (a read of
+    a resumed partial file: the fetch reads it as ever); its reads counted."""
+
+    def __init__(self, origin: Source, url: str, name: str, current: Current, reads: Reads) -> None:
+        self.origin, self.url, self.name, self.current, self.reads = (
+            origin, url, name, current, reads,
+        )  # fmt: skip
+        self.size, self.etag, self.last_modified = current
+        self._blob: Blob | None = None
+        self._opening = asyncio.Lock()
+
+    async def opened(self) -> Blob:
+        async with self._opening:
+            if self._blob is None:
+                blob = await self.origin.open(self.url)
+                if Current(blob.size, blob.etag, blob.last_modified) != self.current:
+                    await blob.aclose()
+                    raise ObjectChangedError(
+                        f"{self.url} changed at the origin while it was fetched; fetch it again"
+                    )
+                self._blob = blob
+        return self._blob
+
+    async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        await (await self.opened()).read_into(offset, buffers)
+        self.reads.from_origin(self.name, sum(b.nbytes for b in buffers))
+
+    async def read_bytes(self, offset: int, length: int) -> bytes:
+        buffer = bytearray(max(0, min(length, self.size - offset)))
+        await self.read_into(offset, [memoryview(buffer)])
+        return bytes(buffer)
+
+    async def aclose(self) -> None:
+        if self._blob is not None:
+            await self._blob.aclose()
+
+
+class Ranged(Delivery):
+    """The file ``name`` (at ``url``, the origin's ``current`` version), from its
+    ranges: this node's read from ``origin``, the others' downloaded from their pullers.
+
+    Args:
+        split: the pullers and the nodes followed.
+        swarm: the daemon's session.
+        lane: threads for writes and hashes.
+        noted: shows the file's offer (its ranges) in this node's manifest.
+        digest: what the origin publishes of the file (None: nothing to compare).
+    """
+
+    def __init__(
+        self,
+        split: Split,
+        swarm: Swarm,
+        lane: Executor,
+        origin: Source,
+        url: str,
+        name: str,
+        current: Current,
+        reads: Reads,
+        noted: Callable[[FileOffer], None],
+        digest: Digest | None,
+    ) -> None:
+        self.origin = _Origin(origin, url, name, current, reads)
+        super().__init__(self.origin)
+        self.split, self.swarm, self.lane = split, swarm, lane
+        self.url, self.name, self.size = url, name, current.size
+        self.reads, self.noted, self.digest = reads, noted, digest
+        self.spans = spans(self.size, len(split.pullers))
+        loop = asyncio.get_running_loop()
+        self._written = [loop.create_future() for _ in self.spans]
+        self._mine: dict[int, bytes] = {}  # range -> its torrent, seeded here
+        self._downloads: dict[int, Download] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._path: Path | None = None
+        self._committed = False
+        self.offer = FileOffer(name, url, self.size, current.etag, current.last_modified)
+
+    def __repr__(self) -> str:
+        return f"<Ranged {self.name}: {len(self.spans)} ranges>"
+
+    def _what(self, i: int) -> str:
+        offset, length = self.spans[i]
+        return f"{self.url}: range [{offset}, {offset + length})"
+
+    def owner(self, i: int) -> str:
+        split = self.split
+        return owner(split.key, self.name, len(self.spans), i, split.pullers, split.gone())
+
+    # -- the cache's seam ------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def landing(self, path: Path) -> AsyncIterator[Arrival | None]:
+        if self._path is not None:  # one landing a fetch
+            yield None
+            return
+        self._path = path
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._range(i), name=f"aioloader {self._what(i)}")
+            for i in range(len(self.spans))
+        ]
+        self._tasks.append(loop.create_task(self._adopting(), name=f"aioloader {self.name}"))
+        try:
+            yield self
+        except BaseException:
+            await self._stop(unseed=True)
+            raise
+
+    async def arrived(self, start: int, end: int) -> None:
+        """Arrival: bytes ``[start, end)`` are in the file, read or checked."""
+        for i, (offset, length) in enumerate(self.spans):
+            if offset < end and start < offset + length:
+                await asyncio.shield(self._written[i])
+
+    async def verified(self) -> None:
+        """Arrival: the whole file matches the origin's digest (at once without one)."""
+        digest, path = self.digest, self._path
+        running = digest.running() if digest is not None else None
+        if digest is None or running is None or path is None:
+            return
+        await asyncio.gather(*(asyncio.shield(w) for w in self._written))
+
+        def whole() -> str:
+            view = memoryview(bytearray(min(CHUNK, max(self.size, 1))))
+            with open(path, "rb") as file:
+                at = 0
+                while at < self.size:
+                    n = min(CHUNK, self.size - at)
+                    fill(file.fileno(), view, at, n)
+                    running.update(view[:n])
+                    at += n
+            return running.result()
+
+        actual = await run_blocking(self.lane, whole)
+        if actual != digest.value:
+            raise DigestMismatchError(
+                f"{self.url}: the file assembled from its ranges does not match the "
+                f"{digest.algorithm} {digest.where}: expected {digest.value}, got {actual}; "
+                "the cache keeps none of it, and the next try reads it again",
+                url=self.url, algorithm=digest.algorithm, expected=digest.value, actual=actual,
+            )  # fmt: skip
+
+    # -- one range -------------------------------------------------------------------------
+
+    async def _range(self, i: int) -> None:
+        future = self._written[i]
+        try:
+            while True:
+                who = self.owner(i)
+                follow = self.split.followed.get(who)
+                if who in ("", self.split.node) or follow is None:
+                    await self._pull(i)
+                    break
+                try:
+                    await follow.unless_gone(self._fetch(i, follow))
+                    break
+                except SwarmError as exc:
+                    logger.warning("%s from %r failed: %s; dealt again", self._what(i), follow, exc)
+                    follow.went(exc)
+                    download = self._downloads.pop(i, None)
+                    if download is not None:
+                        await download.aclose()
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            if not future.done():
+                future.set_exception(exc)
+            return
+        if not future.done():
+            future.set_result(None)
+
+    async def _fetch(self, i: int, follow: Followed) -> None:
+        offset, length = self.spans[i]
+        path = self._path
+        assert path is not None
+        torrent = await follow.range_torrent(self.name, offset, length, self.size)
+        download = await self.swarm.download_range(torrent, path, follow.swarm_peers())
+        self._downloads[i] = download
+        await download.wait_range(offset, offset + length)
+        self.reads.from_peers(self.name, length)
+
+    async def _pull(self, i: int) -> None:
+        """Read range ``i`` from the origin into the partial file; then publish it."""
+        offset, length = self.spans[i]
+        path = self._path
+        assert path is not None
+        blob = await self.origin.opened()
+        buffer = bytearray(min(CHUNK, length))
+        fd = await run_blocking(self.lane, lambda: os.open(path, os.O_WRONLY), on_abandon=os.close)
+        try:
+            at, end = offset, offset + length
+            while at < end:
+                view = memoryview(buffer)[: min(CHUNK, end - at)]
+                await blob.read_into(at, [view])
+                await run_blocking(self.lane, partial(_pwrite, fd, view, at))
+                at += view.nbytes
+                self.reads.from_origin(self.name, view.nbytes)
+                self._show(i, RangeOffer(offset, length, at - offset))
+        finally:
+            os.close(fd)
+        await self._publish(i)
+
+    async def _publish(self, i: int) -> None:
+        """Hash range ``i`` as written here, seed it, list it (a failure is logged: the
+        others deal it again once they find this node stalled)."""
+        offset, length = self.spans[i]
+        path, name, size = self._path, torrent_name(self.name), self.size
+        assert path is not None
+        try:
+            torrent = await run_blocking(
+                self.lane, lambda: make_range_torrent(path, offset, length, size, name, PIECE)
+            )
+            served = await run_blocking(self.lane, lambda: info_only(torrent))
+            await self.swarm.seed_range(torrent, path)
+        except (OSError, ValueError, SwarmError) as exc:
+            logger.warning("%s: not offered to peers: %s", self._what(i), exc)
+            return
+        self._mine[i] = torrent
+        self._show(i, RangeOffer(offset, length, length, info_hash(torrent), torrent, served))
+
+    def _show(self, i: int, one: RangeOffer) -> None:
+        ranges = [r for r in self.offer.ranges if r.offset != one.offset]
+        ranges.append(one)
+        ranges.sort(key=lambda r: r.offset)
+        done = sum(r.done for r in ranges)
+        self.offer = replace(self.offer, ranges=tuple(ranges), done=min(done, self.size))
+        self.noted(self.offer)
+
+    async def _adopting(self) -> None:
+        """Publish the ranges this node holds whose puller went and that fall to it now:
+        the nodes that lack them follow it for them."""
+        while True:
+            await asyncio.sleep(_ADOPT)
+            if not self.split.gone():
+                continue
+            for i, written in enumerate(self._written):
+                if i in self._mine or not written.done() or written.cancelled():
+                    continue
+                if written.exception() is not None:
+                    continue
+                if self.owner(i) == self.split.node:
+                    logger.info("%s: its puller went; offered from here", self._what(i))
+                    await self._publish(i)
+
+    # -- the end ---------------------------------------------------------------------------
+
+    async def committed(self, data: Path) -> None:
+        """The cache committed the file at ``data``: this node's ranges are seeded from
+        there (a node still fetching one finds it), the downloads go."""
+        self._committed = True
+        await self._stop(unseed=False)
+        for torrent in self._mine.values():
+            try:
+                await self.swarm.seed_range(torrent, data)
+            except (OSError, ValueError, SwarmError) as exc:
+                logger.warning("%s: a range no longer offered: %s", self.url, exc)
+        await self.origin.aclose()
+
+    async def aclose(self) -> None:
+        """The fetch ended: what runs stops; ranges of a file not committed leave."""
+        await self._stop(unseed=not self._committed)
+        await self.origin.aclose()
+
+    async def _stop(self, *, unseed: bool) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        for written in self._written:
+            if written.done() and not written.cancelled():
+                written.exception()  # seen: the fetch had it, or nobody needs it now
+        downloads, self._downloads = list(self._downloads.values()), {}
+        for download in downloads:
+            await download.aclose()
+        if unseed:
+            mine, self._mine = list(self._mine.values()), {}
+            for torrent in mine:
+                await self.swarm.remove(info_hash(torrent))
+
+
+def _pwrite(fd: int, view: memoryview, at: int) -> None:
+    done = 0
+    while done < view.nbytes:
+        done += os.pwrite(fd, view[done:], at + done)

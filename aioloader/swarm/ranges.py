@@ -1,0 +1,137 @@
+"""A large file of a cold split is dealt in byte ranges, not whole (``spans``, ``owner``),
+and the ranges a manifest lists (``RangeOffer``, ``parse_ranges``).
+
+Every node computes the same ranges and the same owner for each, from the file's size
+(the origin's, asked by every node), the split's pullers (deal.py) and the pullers it
+knows are gone: pure functions, no I/O, no clock. A file under ``RANGED_FROM`` stays
+whole (one puller, deal.py's file deal); a larger one is cut into piece-aligned ranges
+of about ``size / pullers`` (at most ``MAX_RANGE``), and range ``i`` goes to the
+``i``-th puller of the file's own ranking (rendezvous.py), so every puller reads about
+a 1/n of every large file from the origin, whatever the file count. The ranges of a
+puller that is gone go to the pullers left, in turn, in the same ranking: every
+survivor re-deals alike, and the ranges of the pullers alive keep their owner.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .rendezvous import ranked
+from .torrents import MIN_PIECE
+
+__all__ = [
+    "MAX_RANGE",
+    "MAX_RANGES",
+    "RANGED_FROM",
+    "RangeOffer",
+    "owner",
+    "parse_ranges",
+    "spans",
+]
+
+RANGED_FROM = 64 << 20
+"""A file of at least this many bytes is dealt in ranges; a smaller one stays whole."""
+MAX_RANGE = 256 << 20
+"""The longest range."""
+PIECE = MIN_PIECE
+"""The piece of a range torrent (torrents.py's for a large file)."""
+MAX_RANGES = 4096
+"""Ranges one file of a manifest may list (more is a lie)."""
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def spans(size: int, pullers: int, piece: int = PIECE) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each range of a file of ``size`` bytes dealt among
+    ``pullers``: one range (the whole file) under ``RANGED_FROM``; else ranges of
+    ``ceil(size / pullers)`` rounded up to the piece, at least a piece and at most
+    ``MAX_RANGE``, the last one ending at the file's end."""
+    if size < RANGED_FROM or pullers < 1:
+        return [(0, size)]
+    share = -(-size // pullers)
+    length = min(max(-(-share // piece) * piece, piece), MAX_RANGE)
+    return [(at, min(length, size - at)) for at in range(0, size, length)]
+
+
+def owner(key: str, name: str, count: int, index: int, pullers: list[str], gone: set[str]) -> str:
+    """The puller of range ``index`` of the ``count`` ranges of file ``name`` of model
+    ``key``: the ``index``-th of the file's ranking (in turn); where that one is
+    ``gone``, the ranges of the gone go to the pullers left, in turn in that ranking.
+    Every node that knows the same pullers gone computes the same. All gone: ""."""
+    order = ranked(f"{key}/{name}", pullers)
+    first = order[index % len(order)]
+    if first not in gone:
+        return first
+    left = [n for n in order if n not in gone]
+    if not left:
+        return ""
+    orphans = [i for i in range(count) if order[i % len(order)] in gone]
+    return left[orphans.index(index) % len(left)]
+
+
+@dataclass(frozen=True)
+class RangeOffer:
+    """One range of a file in a manifest: its bytes ``[offset, offset + length)``, the
+    bytes its puller has read of it (``done``), and its range torrent's info hash once
+    written and seeded. ``torrent`` (the full torrent, seeded here) and ``served`` (its
+    info dict alone, what a peer fetches by the info hash) are this node's only."""
+
+    offset: int
+    length: int
+    done: int = 0
+    info_hash: str | None = None
+    torrent: bytes | None = field(default=None, compare=False, repr=False)
+    served: bytes | None = field(default=None, compare=False, repr=False)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "offset": self.offset,
+            "length": self.length,
+            "done": self.done,
+            "info_hash": self.info_hash,
+        }
+
+
+def _int(value: object, what: str, top: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+        raise ValueError(f"{what} is not an integer from 0 to {top}")
+    return value
+
+
+def parse_ranges(raw: object, size: int, what: str) -> tuple[RangeOffer, ...]:
+    """A peer's ranges of a file of ``size`` bytes (``what`` names it), checked: a list
+    of at most ``MAX_RANGES`` objects, each inside the file, not empty, done within
+    its length, a v2 info hash or null; no two overlapping.
+
+    Raises:
+        ValueError: any of that does not hold, saying which.
+    """
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_RANGES:
+        raise ValueError(f"{what}.ranges is not a list of at most {MAX_RANGES}")
+    found = []
+    for i, item in enumerate(raw):
+        at = f"{what}.ranges[{i}]"
+        if not isinstance(item, dict):
+            raise ValueError(f"{at} is not an object")
+        offset = _int(item.get("offset"), f"{at}.offset", size)
+        length = _int(item.get("length"), f"{at}.length", size - offset)
+        if length == 0:
+            raise ValueError(f"{at} is empty")
+        digest = item.get("info_hash")
+        if digest is not None and (not isinstance(digest, str) or not _HEX.match(digest)):
+            raise ValueError(f"{at}.info_hash is not a v2 info hash (64 hex digits)")
+        done = _int(item.get("done", 0), f"{at}.done", length)
+        found.append(RangeOffer(offset, length, done, digest))
+    _disjoint(found, what)
+    return tuple(found)
+
+
+def _disjoint(found: Iterable[RangeOffer], what: str) -> None:
+    end = 0
+    for one in sorted(found, key=lambda r: r.offset):
+        if one.offset < end:
+            raise ValueError(f"{what}.ranges overlap at byte {one.offset}")
+        end = one.offset + one.length

@@ -1,0 +1,164 @@
+"""A large file dealt in byte ranges among the pullers of a cold split (ranges.py,
+ranged.py): the deal itself over plain values, a peer's ranges checked, and real
+`aioloader serve` daemons on 127.0.0.x pulling a one-file model through every node's
+link to the origin."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from aioloader.swarm.manifest import ManifestError, parse
+from aioloader.swarm.ranges import MAX_RANGE, PIECE, RANGED_FROM, owner, spans
+
+from .daemon_helpers import free_port, single_file
+from .http_server import FaultyHttpServer
+from .test_swarm_daemon import Node
+
+MiB = 1 << 20
+
+
+def test_a_small_file_stays_whole_and_a_large_one_is_cut_by_the_pullers() -> None:
+    assert spans(RANGED_FROM - 1, 8) == [(0, RANGED_FROM - 1)]
+    got = spans(96 * MiB + 5, 3)
+    assert [length for _, length in got] == [33 * MiB, 33 * MiB, 30 * MiB + 5]
+    assert all(offset % PIECE == 0 for offset, _ in got)
+    assert sum(length for _, length in got) == 96 * MiB + 5
+    big = spans(10 << 30, 4)  # 10 GiB on 4: ranges of 256 MiB at most
+    assert max(length for _, length in big) == MAX_RANGE
+    assert big[-1][0] + big[-1][1] == 10 << 30
+
+
+def test_every_node_deals_alike_and_a_gone_puller_s_ranges_go_to_the_others() -> None:
+    pullers = ["a1", "b2", "c3"]
+    owners = [owner("k", "f", 6, i, pullers, set()) for i in range(6)]
+    assert sorted(owners) == sorted(pullers * 2)  # two ranges each
+    again = [owner("k", "f", 6, i, list(reversed(pullers)), set()) for i in range(6)]
+    assert again == owners  # the ranking, not the order given, decides
+    gone = owners[0]
+    after = [owner("k", "f", 6, i, pullers, {gone}) for i in range(6)]
+    for before, now in zip(owners, after, strict=True):
+        assert now == before if before != gone else now != gone
+    left = [now for before, now in zip(owners, after, strict=True) if before == gone]
+    assert len(set(left)) == 2  # its two ranges go to two survivors
+    assert owner("k", "f", 6, 0, pullers, set(pullers)) == ""
+
+
+def _manifest(ranges: object, size: int = 96 * MiB) -> dict[str, object]:
+    offer = {"name": "m/w.safetensors", "url": "http://o/m/w.safetensors", "size": size}
+    offer["ranges"] = ranges
+    return {
+        "key": "k" * 64, "url": "http://o/m/w.safetensors", "node": "ab12",
+        "swarm": "127.0.0.1:6881", "state": "fetching", "files": [offer],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("ranges", "says"),
+    [
+        ([{"offset": 0, "length": 40 * MiB}, {"offset": 32 * MiB, "length": MiB}], "overlap"),
+        ([{"offset": 90 * MiB, "length": 7 * MiB}], "length is not an integer"),
+        ([{"offset": 97 * MiB, "length": 1}], "offset is not an integer"),
+        ([{"offset": 0, "length": 0}], "is empty"),
+        ([{"offset": 0, "length": MiB, "done": 2 * MiB}], "done is not an integer"),
+        ([{"offset": "0", "length": MiB}], "offset is not an integer"),
+        ([{"offset": 0, "length": MiB, "info_hash": "zz"}], "info_hash"),
+        ([{"offset": i, "length": 1} for i in range(5000)], "at most 4096"),
+        ({"offset": 0}, "is not a list"),
+    ],
+)
+def test_a_peer_lying_about_its_ranges_is_refused(ranges: object, says: str) -> None:
+    with pytest.raises(ManifestError, match=says) as caught:
+        parse(_manifest(ranges), "peer 10.0.0.9", "k" * 64)
+    assert "peer 10.0.0.9" in str(caught.value)
+
+
+def test_a_peer_s_true_ranges_are_read() -> None:
+    ranges = [{"offset": 0, "length": 33 * MiB, "done": MiB, "info_hash": "a" * 64}]
+    got = parse(_manifest(ranges), "peer", "k" * 64)
+    (one,) = got.files[0].ranges
+    assert (one.offset, one.length, one.done, one.info_hash) == (0, 33 * MiB, MiB, "a" * 64)
+
+
+def _fleet(tmp_path: Path, first: int, count: int, *args: str) -> list[Node]:
+    hosts = [first + i for i in range(count)]
+    ports = [free_port() for _ in hosts]
+    peers = ",".join(f"127.0.0.{n}:{p}" for n, p in zip(hosts, ports, strict=True))
+    nodes = []
+    for n, port in zip(hosts, ports, strict=True):
+        node = Node(tmp_path, n, peers, *args)
+        node.port = port
+        nodes.append(node)
+    return nodes
+
+
+def _data(record: dict[str, object]) -> bytes:
+    return Path(str(record["path"])).read_bytes()
+
+
+@pytest.mark.parametrize("count", [3, 4])
+def test_a_one_file_model_comes_through_every_node_s_origin_link(
+    tmp_path: Path, http_server: FaultyHttpServer, count: int
+) -> None:
+    pytest.importorskip("libtorrent")
+    file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
+    url = http_server.url_for("m/w.safetensors")
+    size = file.stat().st_size
+    nodes = _fleet(tmp_path, 141 + 10 * (count - 3), count)
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            status, body = node.post({"url": url, "id": "m"})
+            assert status in (200, 202), (status, body)
+        records = [node.wait_status("m", "ready", 120) for node in nodes]
+        pulled = [int(str(r["bytes_from_origin"])) for r in records]
+        print(f"{count} nodes, {size} bytes: origin sent {http_server.bytes_sent}, per node {pulled}")
+        assert all(p > 0 for p in pulled), pulled
+        assert http_server.bytes_sent <= 1.02 * size, (http_server.bytes_sent, size)
+        assert sum(pulled) <= 1.02 * size
+        want = file.read_bytes()
+        for record in records:
+            assert _data(record) == want
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_a_puller_killed_mid_pull_costs_only_its_unpublished_ranges(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    """Four nodes, a 96 MiB file sent by the origin at 16 MiB/s per request: one node is
+    killed once it read a few MiB of its range; the three others deal its range again
+    and finish, bit-identical, the origin sending little more than one copy."""
+    pytest.importorskip("libtorrent")
+    file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
+    url = http_server.url_for("m/w.safetensors")
+    size = file.stat().st_size
+    http_server.trickle("m/w.safetensors", 16 * MiB, count=1000)
+    nodes = _fleet(tmp_path, 161, 4)
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            status, body = node.post({"url": url, "id": "m"})
+            assert status in (200, 202), (status, body)
+        victim = nodes[0]
+        deadline = time.monotonic() + 60
+        while int(str(victim.model("m").get("bytes_from_origin", 0))) < 4 * MiB:
+            assert time.monotonic() < deadline, "the victim never read from the origin"
+            time.sleep(0.1)
+        victim.kill()
+        survivors = nodes[1:]
+        records = [node.wait_status("m", "ready", 180) for node in survivors]
+        pulled = [int(str(r["bytes_from_origin"])) for r in records]
+        print(f"killed: origin sent {http_server.bytes_sent} of {size}, survivors {pulled}")
+        assert http_server.bytes_sent <= 1.15 * size, (http_server.bytes_sent, size)
+        want = file.read_bytes()
+        for record in records:
+            assert _data(record) == want
+    finally:
+        for node in nodes:
+            node.stop()
