@@ -5,17 +5,25 @@ link to the origin."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from aioloader.swarm.manifest import ManifestError, model_key, parse
+from aioloader.swarm.proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof
+from aioloader.swarm.range_torrents import make_range_torrent
 from aioloader.swarm.ranges import MAX_RANGE, PIECE, RANGED_FROM, owner, spans
+from aioloader.swarm.torrents import info_hash
 
-from .daemon_helpers import free_port, single_file
+from .daemon_helpers import TOKEN, free_port, single_file
 from .http_server import FaultyHttpServer
 from .test_swarm_daemon import Node
+
+pytest.importorskip("libtorrent")
 
 MiB = 1 << 20
 
@@ -111,7 +119,6 @@ def _data(record: dict[str, object]) -> bytes:
 def test_a_one_file_model_comes_through_every_node_s_origin_link(
     tmp_path: Path, http_server: FaultyHttpServer, count: int
 ) -> None:
-    pytest.importorskip("libtorrent")
     file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
     url = http_server.url_for("m/w.safetensors")
     size = file.stat().st_size
@@ -144,7 +151,6 @@ def test_a_puller_killed_mid_pull_costs_only_its_unpublished_ranges(
     request (each node reads 8 MiB at a time): one node is killed once it read part of
     its range; the three others deal its range again and finish, bit-identical, the
     origin sending little more than one copy."""
-    pytest.importorskip("libtorrent")
     file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
     url = http_server.url_for("m/w.safetensors")
     size = file.stat().st_size
@@ -173,3 +179,101 @@ def test_a_puller_killed_mid_pull_costs_only_its_unpublished_ranges(
     finally:
         for node in nodes:
             node.stop()
+
+
+class _LyingPuller:
+    """A peer that proves the token, says it pulls the model, and lists ranges of the
+    file as ``ranges(key)`` gives them; its torrent route serves ``torrent``."""
+
+    def __init__(self, offer: dict[str, object], ranges: object, torrent: bytes) -> None:
+        self.proof = PeerProof(TOKEN)
+        liar = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                header = self.headers.get(REQUEST_HEADER, "")
+                nonce = header.split("nonce=")[-1].split(";")[0].strip()
+                key = self.path.rsplit("/", 1)[-1]
+                if "/torrents/" in self.path:
+                    body, kind = torrent, "application/x-bittorrent"
+                else:
+                    body, kind = json.dumps(liar.manifest(key)).encode(), "application/json"
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                if nonce:
+                    self.send_header(ANSWER_HEADER, liar.proof.sign_answer(nonce, 200, "", body))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.offer, self.ranges = offer, ranges
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def manifest(self, key: str) -> dict[str, object]:
+        offer = dict(self.offer, ranges=self.ranges)
+        return {"key": key, "url": "x", "node": "ee" * 16, "swarm": "127.0.0.1:9",
+                "state": "fetching", "files": [offer]}  # fmt: skip
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("lie", ["overlap", "outside", "another size"])
+def test_a_peer_lying_about_a_range_is_left_and_the_others_finish(
+    tmp_path: Path, http_server: FaultyHttpServer, lie: str
+) -> None:
+    """A proven peer says it pulls the file and lists ranges that overlap, ranges past
+    the file's end (its manifest is refused whole), or ranges whose torrents describe a
+    file of another size (each refused, the peer left, its ranges dealt again): the
+    three real nodes finish, bit-identical, the origin sending about one copy."""
+    file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
+    url = http_server.url_for("m/w.safetensors")
+    size = file.stat().st_size
+    st = file.stat()
+    offer = {"name": "m/w.safetensors", "url": url, "size": size,
+             "etag": f'"{st.st_size:x}-{st.st_mtime_ns:x}"', "last_modified": None}  # fmt: skip
+    other = tmp_path / "other" / "w.safetensors"
+    other.parent.mkdir()
+    with open(other, "wb") as out:
+        out.truncate(size + PIECE)
+    cuts = spans(size, 4)
+    torrent = make_range_torrent(other, 0, cuts[0][1], size + PIECE, "w.safetensors", PIECE)
+    digest = info_hash(torrent)
+    if lie == "overlap":
+        ranges: object = [{"offset": 0, "length": 40 * MiB}, {"offset": 32 * MiB, "length": MiB}]
+    elif lie == "outside":
+        ranges = [{"offset": size - MiB, "length": 2 * MiB}]
+    else:
+        ranges = [{"offset": o, "length": n, "done": n, "info_hash": digest} for o, n in cuts]
+    liar = _LyingPuller(offer, ranges, torrent)
+    nodes = _fleet(tmp_path, 171 + 4 * ["overlap", "outside", "another size"].index(lie), 3)
+    for node in nodes:
+        node.args[node.args.index("--peers") + 1] += f",{liar.address}"
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            status, body = node.post({"url": url, "id": "m"})
+            assert status in (200, 202), (status, body)
+        records = [node.wait_status("m", "ready", 120) for node in nodes]
+        sent = http_server.bytes_sent
+        print(f"{lie}: origin sent {sent} of {size}")
+        assert sent <= 1.05 * size, (sent, size)
+        want = file.read_bytes()
+        for record in records:
+            assert _data(record) == want
+        logs = "".join(node.output() for node in nodes)
+        said = {"overlap": "ranges overlap", "outside": "length is not an integer",
+                "another size": "not that range of"}[lie]  # fmt: skip
+        assert said in logs, logs[-4000:]
+    finally:
+        for node in nodes:
+            node.stop()
+        liar.close()
