@@ -5,6 +5,7 @@ link to the origin."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -207,7 +208,8 @@ class _LyingPuller:
                 if nonce:
                     self.send_header(ANSWER_HEADER, liar.proof.sign_answer(nonce, 200, "", body))
                 self.end_headers()
-                self.wfile.write(body)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(body)  # a torrent refused may close it first
 
         self.offer, self.ranges = offer, ranges
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -277,3 +279,48 @@ def test_a_peer_lying_about_a_range_is_left_and_the_others_finish(
         for node in nodes:
             node.stop()
         liar.close()
+
+
+def test_a_node_that_joins_a_split_under_way_follows_the_ranges_listed(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    """Three nodes split a 96 MiB file (the origin pauses a second at every request);
+    a fourth starts and joins once they list their ranges: it deals nothing of its own (four
+    pullers would cut other ranges), follows each range where it is listed, and the
+    origin sends about one copy."""
+    file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
+    url = http_server.url_for("m/w.safetensors")
+    size = file.stat().st_size
+    http_server.stall("m/w.safetensors", 1.0, count=1000)
+    nodes = _fleet(tmp_path, 191, 4)
+    first, late = nodes[:3], nodes[3]
+    try:
+        for node in first:
+            node.start()
+        for node in first:
+            status, body = node.post({"url": url, "id": "m"})
+            assert status in (200, 202), (status, body)
+        deadline = time.monotonic() + 60
+        while not all(_listed(node, model_key(url)) for node in first):
+            assert time.monotonic() < deadline, "the nodes never listed their ranges"
+            time.sleep(0.05)
+        late.start()
+        status, body = late.post({"url": url, "id": "m"})
+        assert status in (200, 202), (status, body)
+        records = [node.wait_status("m", "ready", 120) for node in nodes]
+        pulled = [int(str(r["bytes_from_origin"])) for r in records]
+        sent = http_server.bytes_sent
+        print(f"late joiner: origin sent {sent} of {size}, per node {pulled}")
+        assert pulled[3] <= 1 << 20, pulled  # the header it read to plan, no range
+        assert sent <= 1.02 * size, (sent, size)
+        want = file.read_bytes()
+        for record in records:
+            assert _data(record) == want
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _listed(node: Node, key: str) -> bool:
+    status, manifest = node.get(f"/v1/swarm/models/{key}")
+    return status == 200 and any(f.get("ranges") for f in manifest["files"])

@@ -40,7 +40,7 @@ from .download import Download, SwarmError
 from .followed import Followed
 from .manifest import FileOffer, torrent_name
 from .range_torrents import info_only, make_range_torrent
-from .ranges import PIECE, RangeOffer, owner, spans
+from .ranges import MAX_RANGE, PIECE, RangeOffer, owner, spans
 from .session import Swarm
 from .torrents import info_hash
 
@@ -135,6 +135,9 @@ class Ranged(Delivery):
         self.url, self.name, self.size = url, name, current.size
         self.reads, self.noted, self.digest = reads, noted, digest
         self.spans = spans(self.size, len(split.pullers))
+        listed = self._listed()
+        if listed and not set(listed) <= set(self.spans):  # it joins a split under way
+            self.spans = _adopted(sorted(listed), self.size)
         loop = asyncio.get_running_loop()
         self._written = [loop.create_future() for _ in self.spans]
         self._mine: dict[int, bytes] = {}  # range -> its torrent, seeded here
@@ -152,8 +155,24 @@ class Ranged(Delivery):
         return f"{self.url}: range [{offset}, {offset + length})"
 
     def owner(self, i: int) -> str:
+        """The node range ``i`` comes from: a node alive that lists it, else the deal's."""
         split = self.split
+        listed = self._listed().get(self.spans[i])
+        if listed is not None:
+            return listed
         return owner(split.key, self.name, len(self.spans), i, split.pullers, split.gone())
+
+    def _listed(self) -> dict[tuple[int, int], str]:
+        """The ranges of this file (this version's size) the nodes alive list, and who."""
+        found: dict[tuple[int, int], str] = {}
+        gone = self.split.gone()
+        for node, follow in sorted(self.split.followed.items()):
+            offer = follow.manifest.file(self.name) if follow.manifest else None
+            if node in gone or offer is None or offer.size != self.size:
+                continue
+            for one in offer.ranges:
+                found.setdefault((one.offset, one.length), node)
+        return found
 
     # -- the cache's seam ------------------------------------------------------------------
 
@@ -169,6 +188,9 @@ class Ranged(Delivery):
             for i in range(len(self.spans))
         ]
         self._tasks.append(loop.create_task(self._adopting(), name=f"aioloader {self.name}"))
+        for i, (offset, length) in enumerate(self.spans):  # listed at once: a node that
+            if self.owner(i) == self.split.node:  # joins late follows them
+                self._show(i, RangeOffer(offset, length))
         try:
             yield self
         except BaseException:
@@ -347,6 +369,24 @@ class Ranged(Delivery):
             mine, self._mine = list(self._mine.values()), {}
             for torrent in mine:
                 await self.swarm.remove(info_hash(torrent))
+
+
+def _adopted(listed: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """The ranges of a split under way: those listed (the first of any that overlap),
+    and the gaps between them cut as ``spans`` cuts a file."""
+    found: list[tuple[int, int]] = []
+    at = 0
+    for offset, length in [*listed, (size, 0)]:
+        if offset < at:
+            continue
+        while at < offset:
+            n = min(MAX_RANGE, offset - at)
+            found.append((at, n))
+            at += n
+        if length:
+            found.append((offset, length))
+        at = offset + length
+    return found
 
 
 def _pwrite(fd: int, view: memoryview, at: int) -> None:
