@@ -103,13 +103,15 @@ def _fleet(tmp_path: Path, first: int, count: int, *args: str) -> list[Node]:
     return nodes
 
 
-def _read_unpublished(node: Node, key: str) -> int:
-    """The bytes ``node`` read of its ranges not yet published, as its manifest says."""
+def _read_unpublished(node: Node, key: str) -> int | None:
+    """The bytes ``node`` read of its ranges not yet published, as its manifest says
+    (None: it lists none)."""
     status, manifest = node.get(f"/v1/swarm/models/{key}")
     if status != 200:
-        return 0
+        return None
     ranges = [r for f in manifest["files"] for r in f.get("ranges", ())]
-    return sum(r["done"] for r in ranges if r["info_hash"] is None)
+    unpublished = [r["done"] for r in ranges if r["info_hash"] is None]
+    return sum(unpublished) if unpublished else None
 
 
 def _data(record: dict[str, object]) -> bytes:
@@ -148,14 +150,15 @@ def test_a_one_file_model_comes_through_every_node_s_origin_link(
 def test_a_puller_killed_mid_pull_costs_only_its_unpublished_ranges(
     tmp_path: Path, http_server: FaultyHttpServer
 ) -> None:
-    """Four nodes, a 96 MiB file whose origin pauses a second at the start of every
-    request (each node reads 8 MiB at a time): one node is killed once it read part of
-    its range; the three others deal its range again and finish, bit-identical, the
-    origin sending little more than one copy."""
+    """Four nodes, a 96 MiB file whose origin sends 2 MiB of every request, then pauses
+    a second: one node is killed while its reads of its range are in flight (listed,
+    not published); the three others deal its range again and finish, bit-identical,
+    the origin sending little more than one copy. (A puller's loss is what it had in
+    flight: up to its range, four 8 MiB reads at a time.)"""
     file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
     url = http_server.url_for("m/w.safetensors")
     size = file.stat().st_size
-    http_server.stall("m/w.safetensors", 1.0, count=1000)
+    http_server.stall("m/w.safetensors", 1.0, after_bytes=2 * MiB, count=1000)
     nodes = _fleet(tmp_path, 161, 4)
     try:
         for node in nodes:
@@ -165,8 +168,8 @@ def test_a_puller_killed_mid_pull_costs_only_its_unpublished_ranges(
             assert status in (200, 202), (status, body)
         victim = nodes[0]
         deadline = time.monotonic() + 60
-        while _read_unpublished(victim, model_key(url)) < 8 * MiB:
-            assert time.monotonic() < deadline, "the victim never read part of a range"
+        while _read_unpublished(victim, model_key(url)) is None:
+            assert time.monotonic() < deadline, "the victim never started a range"
             time.sleep(0.05)
         victim.kill()
         survivors = nodes[1:]
@@ -324,3 +327,29 @@ def test_a_node_that_joins_a_split_under_way_follows_the_ranges_listed(
 def _listed(node: Node, key: str) -> bool:
     status, manifest = node.get(f"/v1/swarm/models/{key}")
     return status == 200 and any(f.get("ranges") for f in manifest["files"])
+
+
+def test_the_ranges_keep_to_the_cluster_s_cap_on_requests_in_flight(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    """Three nodes, a cap of 3 for the cluster: each reads its range one 8 MiB request
+    at a time (its share), though a range may have four reads in flight."""
+    file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
+    url = http_server.url_for("m/w.safetensors")
+    size = file.stat().st_size
+    nodes = _fleet(tmp_path, 211, 3, "--swarm-origin-requests", "3")
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            status, body = node.post({"url": url, "id": "m"})
+            assert status in (200, 202), (status, body)
+        records = [node.wait_status("m", "ready", 120) for node in nodes]
+        assert http_server.max_concurrent <= 3, http_server.max_concurrent
+        assert http_server.bytes_sent <= 1.02 * size
+        want = file.read_bytes()
+        for record in records:
+            assert _data(record) == want
+    finally:
+        for node in nodes:
+            node.stop()

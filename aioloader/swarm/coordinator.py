@@ -58,7 +58,7 @@ from .deal import Deal, Lead, deal
 from .followed import Answer, Followed, known_torrent, leads, watched
 from .gentle import Heard, leading
 from .looking import cluster_view, own_view
-from .manifest import FileOffer, Manifest, State, file_name, model_key
+from .manifest import MAX_ORIGIN_REQUESTS, FileOffer, Manifest, State, file_name, model_key
 from .offers import Offers
 from .peers import PeerAddress
 from .proof import PeerProof
@@ -368,6 +368,7 @@ class _Route:
 
     def __init__(self, deal: Deal, followed: dict[str, Followed]) -> None:
         self.deal, self.followed = deal, followed
+        self.gate = asyncio.Semaphore(deal.share or MAX_ORIGIN_REQUESTS)  # ranged.py
 
     def __repr__(self) -> str:
         return str(self.deal)
@@ -380,8 +381,8 @@ class _Route:
         self.deal.expect(names)
 
     def ranged(self) -> Split | None:
-        pullers, deal = self.deal.ranged(), self.deal
-        return None if pullers is None else Split(deal.key, deal.node, pullers, self.followed)
+        pullers, deal, gate = self.deal.ranged(), self.deal, self.gate
+        return None if pullers is None else Split(deal.key, deal.node, pullers, self.followed, gate)
 
 
 async def _gather(coros: Iterable[Awaitable[T]]) -> list[T]:

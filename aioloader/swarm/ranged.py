@@ -21,34 +21,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 
 from ..cache.supply import Arrival, Delivery
-from ..errors import DigestMismatchError, ObjectChangedError
+from ..errors import DigestMismatchError
 from ..redact import redacting_logger
 from ..runtime.direct_io import fill
 from ..runtime.threads import run_blocking
-from ..sources.base import Blob, Current, Source
+from ..sources.base import Current, Source
 from ..sources.digests import Digest
 from .counts import Reads
 from .download import Download, SwarmError
 from .followed import Followed
 from .manifest import FileOffer, torrent_name
+from .pulling import CHUNK, OriginFile, pull
 from .range_torrents import info_only, make_range_torrent
 from .ranges import MAX_RANGE, PIECE, RangeOffer, owner, spans
 from .session import Swarm
 from .torrents import info_hash
 
-__all__ = ["CHUNK", "Ranged", "Split"]
+__all__ = ["Ranged", "Split"]
 
 logger = redacting_logger(__name__)
 
-CHUNK = 8 << 20  # the largest origin read, and the bytes hashed at a time
 _ADOPT = 0.5  # seconds between looks for pullers gone
 
 
@@ -61,47 +59,10 @@ class Split:
     node: str
     pullers: list[str]
     followed: Mapping[str, Followed]
+    gate: asyncio.Semaphore  # this node's requests in flight for its ranges (pulling.py)
 
     def gone(self) -> set[str]:
         return {n for n, f in self.followed.items() if f.gone is not None}
-
-
-class _Origin(Blob):
-    """The origin's file at the version ``current``, opened at the first read (a read of
-    a resumed partial file: the fetch reads it as ever); its reads counted."""
-
-    def __init__(self, origin: Source, url: str, name: str, current: Current, reads: Reads) -> None:
-        self.origin, self.url, self.name, self.current, self.reads = (
-            origin, url, name, current, reads,
-        )  # fmt: skip
-        self.size, self.etag, self.last_modified = current
-        self._blob: Blob | None = None
-        self._opening = asyncio.Lock()
-
-    async def opened(self) -> Blob:
-        async with self._opening:
-            if self._blob is None:
-                blob = await self.origin.open(self.url)
-                if Current(blob.size, blob.etag, blob.last_modified) != self.current:
-                    await blob.aclose()
-                    raise ObjectChangedError(
-                        f"{self.url} changed at the origin while it was fetched; fetch it again"
-                    )
-                self._blob = blob
-        return self._blob
-
-    async def read_into(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        await (await self.opened()).read_into(offset, buffers)
-        self.reads.from_origin(self.name, sum(b.nbytes for b in buffers))
-
-    async def read_bytes(self, offset: int, length: int) -> bytes:
-        buffer = bytearray(max(0, min(length, self.size - offset)))
-        await self.read_into(offset, [memoryview(buffer)])
-        return bytes(buffer)
-
-    async def aclose(self) -> None:
-        if self._blob is not None:
-            await self._blob.aclose()
 
 
 class Ranged(Delivery):
@@ -129,7 +90,7 @@ class Ranged(Delivery):
         noted: Callable[[FileOffer], None],
         digest: Digest | None,
     ) -> None:
-        self.origin = _Origin(origin, url, name, current, reads)
+        self.origin = OriginFile(origin, url, name, current, reads)
         super().__init__(self.origin)
         self.split, self.swarm, self.lane = split, swarm, lane
         self.url, self.name, self.size = url, name, current.size
@@ -274,22 +235,15 @@ class Ranged(Delivery):
     async def _pull(self, i: int) -> None:
         """Read range ``i`` from the origin into the partial file; then publish it."""
         offset, length = self.spans[i]
-        path = self._path
-        assert path is not None
-        blob = await self.origin.opened()
-        buffer = bytearray(min(CHUNK, length))
-        fd = await run_blocking(self.lane, lambda: os.open(path, os.O_WRONLY), on_abandon=os.close)
-        try:
-            at, end = offset, offset + length
-            while at < end:
-                view = memoryview(buffer)[: min(CHUNK, end - at)]
-                await blob.read_into(at, [view])
-                await run_blocking(self.lane, partial(_pwrite, fd, view, at))
-                at += view.nbytes
-                self.reads.from_origin(self.name, view.nbytes)
-                self._show(i, RangeOffer(offset, length, at - offset))
-        finally:
-            os.close(fd)
+        assert self._path is not None
+        done = 0
+
+        def progress(n: int) -> None:
+            nonlocal done
+            done += n
+            self._show(i, RangeOffer(offset, length, done))
+
+        await pull(self.origin, self._path, offset, length, self.lane, self.split.gate, progress)
         await self._publish(i)
 
     async def _publish(self, i: int) -> None:
@@ -387,9 +341,3 @@ def _adopted(listed: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
             found.append((offset, length))
         at = offset + length
     return found
-
-
-def _pwrite(fd: int, view: memoryview, at: int) -> None:
-    done = 0
-    while done < view.nbytes:
-        done += os.pwrite(fd, view[done:], at + done)
