@@ -174,16 +174,26 @@ class Followed:
         self.torrents[name] = raw
         return raw
 
-    async def range_torrent(self, name: str, offset: int, length: int, size: int) -> bytes:
+    async def range_torrent(
+        self, name: str, offset: int, length: int, size: int, strict: bool = False
+    ) -> bytes:
         """The range torrent of bytes ``[offset, offset + length)`` of the file ``name``
         (``size`` bytes), once the node lists it written, fetched by its info hash (its
-        info dict) and checked against that range; SwarmError when it cannot be had."""
+        info dict) and checked against that range; SwarmError when it cannot be had.
+        ``strict``: NotListed once the node lists ranges of the file but not this one
+        (it dealt the file otherwise: it saw other pullers)."""
 
         def ready() -> RangeOffer | None:
             offer = self.manifest.file(name) if self.manifest else None
-            for one in offer.ranges if offer is not None and offer.size == size else ():
-                if (one.offset, one.length) == (offset, length) and one.info_hash:
-                    return one
+            ranges = offer.ranges if offer is not None and offer.size == size else ()
+            for one in ranges:
+                if (one.offset, one.length) == (offset, length):
+                    if one.info_hash:
+                        return one
+                    break
+            else:
+                if strict and ranges:
+                    raise NotListed(f"{self!r} does not pull [{offset}, {offset + length})")
             return None
 
         what = f"range [{offset}, {offset + length}) of {name}"
@@ -196,6 +206,10 @@ class Followed:
         if raw is None:
             raise SwarmError(f"{self!r}: its torrent of the {what} could not be had")
         return raw
+
+
+class NotListed(LookupError):
+    """A followed node lists ranges of a file, but not the one asked for."""
 
 
 def check_range_torrent(

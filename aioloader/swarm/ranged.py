@@ -35,7 +35,7 @@ from ..sources.base import Current, Source
 from ..sources.digests import Digest
 from .counts import Reads
 from .download import Download, SwarmError
-from .followed import Followed
+from .followed import Followed, NotListed
 from .manifest import FileOffer, torrent_name
 from .pulling import CHUNK, OriginFile, pull
 from .range_torrents import info_only, make_range_torrent
@@ -206,6 +206,10 @@ class Ranged(Delivery):
                 try:
                     await follow.unless_gone(self._fetch(i, follow))
                     break
+                except NotListed as exc:  # it saw other pullers, and cut other ranges
+                    logger.warning("%s: %s; read from the origin here", self._what(i), exc)
+                    await self._pull(i)
+                    break
                 except SwarmError as exc:
                     logger.warning("%s from %r failed: %s; dealt again", self._what(i), follow, exc)
                     follow.went(exc)
@@ -226,7 +230,8 @@ class Ranged(Delivery):
         offset, length = self.spans[i]
         path = self._path
         assert path is not None
-        torrent = await follow.range_torrent(self.name, offset, length, self.size)
+        strict = not self.split.gone()  # else its listing may lag a range dealt again
+        torrent = await follow.range_torrent(self.name, offset, length, self.size, strict)
         download = await self.swarm.download_range(torrent, path, follow.swarm_peers())
         self._downloads[i] = download
         await download.wait_range(offset, offset + length)
