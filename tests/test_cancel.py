@@ -126,7 +126,12 @@ def test_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
         else:
             proc.kill()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # not left running into the next test's leak check
+            proc.communicate()
+            raise
     finally:
         server.release.set()
         server.shutdown()
