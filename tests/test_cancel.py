@@ -109,7 +109,7 @@ def test_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{server.server_address[1]}/m.safetensors"
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "aioloader", "-v", "load", url],
+            [sys.executable, "-X", "faulthandler", "-m", "aioloader", "-v", "load", url],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert proc.stderr is not None
@@ -129,9 +129,16 @@ def test_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
         try:
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()  # not left running into the next test's leak check
-            proc.communicate()
-            raise
+            # Where it hangs (seen twice on CI, never here): faulthandler (-X
+            # faulthandler) prints every thread's stack on SIGABRT; then it is gone, not
+            # left running into the next test's leak check.
+            proc.send_signal(signal.SIGABRT)
+            try:
+                _, stacks = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, stacks = proc.communicate()
+            pytest.fail(f"no exit within 30 s of SIGINT; its threads then:\n{stacks[-6000:]}")
     finally:
         server.release.set()
         server.shutdown()
