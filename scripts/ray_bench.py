@@ -1,7 +1,8 @@
 """One host copy per node: N replicas on one Ray node with ``aioloader.ray.load_shared``
 against N replicas that each ``load_model`` alone; with ``--preload``, the origin bytes
 of ``aioloader.ray.preload`` on a local cluster of ``--nodes`` nodes, sharing one
-download through the swarm against every node pulling alone (``share=False``).
+download through the swarm against every node pulling alone (``share=False``), then
+those of ``load_shared`` from one actor per node at once, the same two ways.
 
     bash scripts/ray_setup.sh && .venv-ray/bin/python scripts/ray_bench.py [--size-mib 512]
     .venv-ray/bin/python scripts/ray_bench.py --preload [--nodes 3] [--size-mib 512]
@@ -30,7 +31,7 @@ from safetensors.torch import save_file
 
 import aioloader
 from aioloader.ray import load_shared, release_shared
-from aioloader.ray.shared import _holder_name
+from aioloader.ray.shared import _holder_key, _holder_name
 from tests.servers import FaultyHttpServer
 
 MiB = 1 << 20
@@ -60,6 +61,10 @@ class Replica:
     async def alone(self, url: str) -> dict[str, int]:
         self.tensors = await aioloader.load_model(url, cache_dir=False)
         return memory()
+
+    async def cached(self, url: str, folder: str, share: bool | None) -> int:
+        self.tensors = await load_shared(url, cache_dir=folder, share=share)
+        return len(self.tensors)
 
 
 @ray.remote(num_cpus=0)
@@ -111,8 +116,42 @@ def preload_bench(size_mib: int, count: int) -> None:
                     + (f"  FAILED: {failed}" if failed else ""),
                     flush=True,
                 )
+        shared_bench(server, url, size, tmp)
         ray.shutdown()
         nodes.shutdown()
+
+
+def shared_bench(server: FaultyHttpServer, url: str, size: int, tmp: str) -> None:
+    """Origin bytes of ``load_shared`` from one actor on every node at once, sharing
+    through the nodes' agents and alone; then again, the holders released."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from aioloader.ray import stop_agents
+
+    print("load_shared, one actor per node at once")
+    for way, share in (("shared", None), ("alone", False)):
+        folder = f"{tmp}/ls-{way}-{{node_id}}"
+        replicas = [
+            Replica.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+            ).remote()
+            for n in ray.nodes()
+            if n["Alive"]
+        ]
+        for run in ("cold", "again"):
+            server.reset_counters()
+            started = time.perf_counter()
+            ray.get([r.cached.remote(url, folder, share) for r in replicas])
+            seconds = time.perf_counter() - started
+            print(
+                f"{way:8s} {run:6s} {server.bytes_sent / MiB:11.1f} "
+                f"{server.bytes_sent / size:8.3f} {'':15s} {seconds:8.1f}",
+                flush=True,
+            )
+            release_shared(url, cache_dir=folder)
+        for r in replicas:
+            ray.kill(r)
+    stop_agents()
 
 
 def main() -> int:
@@ -153,7 +192,11 @@ def main() -> int:
                     f"{uss:8.0f}   {seconds:.1f} s"
                 )
                 if way == "shared":
-                    held = ray.get(holder_memory.remote(_holder_name(url, node)))
+                    held = ray.get(
+                        holder_memory.remote(
+                            _holder_name(_holder_key(url, {"cache_dir": False}), node)
+                        )
+                    )
                     line += (
                         f"; holder: PSS {held['pss'] / MiB:.0f} MiB (anonymous "
                         f"{held['pss_anon'] / MiB:.0f}, shared memory "

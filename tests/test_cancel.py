@@ -68,6 +68,17 @@ async def test_file_shrinking_mid_load_names_file_tensor_and_range(tmp_path: Pat
     assert info.value.url == str(path) and info.value.end > info.value.start
 
 
+# The command as a terminal starts it: Ctrl-C at its default. A shell without job control
+# starts a background job with SIGINT ignored, and an ignored SIGINT stays so for every
+# child, Python's included (which then installs no KeyboardInterrupt): this test hung
+# when the suite itself ran in the background (`.ci/run &`). Set before an exec, not in a
+# preexec_fn, which is unsafe with this process's threads.
+_AS_FROM_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 class _HeaderOnlyServer(ThreadingHTTPServer):
     """Serves a file's first bytes (the probe that reads its header), then holds every
     other range request until closed: a load that can never finish on its own."""
@@ -109,7 +120,8 @@ def test_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{server.server_address[1]}/m.safetensors"
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "aioloader", "-v", "load", url],
+            [sys.executable, "-c", _AS_FROM_A_TERMINAL, "-X", "faulthandler", "-m", "aioloader",
+             "-v", "load", url],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert proc.stderr is not None
@@ -126,7 +138,19 @@ def test_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
         else:
             proc.kill()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            # Where it hangs (seen twice on CI, never here): faulthandler (-X
+            # faulthandler) prints every thread's stack on SIGABRT; then it is gone, not
+            # left running into the next test's leak check.
+            proc.send_signal(signal.SIGABRT)
+            try:
+                _, stacks = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, stacks = proc.communicate()
+            pytest.fail(f"no exit within 30 s of SIGINT; its threads then:\n{stacks[-6000:]}")
     finally:
         server.release.set()
         server.shutdown()

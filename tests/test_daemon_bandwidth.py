@@ -404,7 +404,9 @@ def test_listings_count_against_the_cap(s3_env: MotoS3Server, tmp_path: Path) ->
         record = daemon.wait_status("listed", "ready", seconds=120)
         m = daemon.metrics()
     assert (Path(record["path"]) / "model.safetensors").read_bytes() == model.read_bytes()
-    # The bytes that waited for the cap: all but its first quarter second (256 KiB) of the
-    # weights, and the listing's pages (2000 keys of 170 bytes and more).
-    waited = model.stat().st_size - 256 * 1024 + 2000 * 200
-    assert m["aioloader_daemon_throttled_bytes_total"] >= waited
+    # Every byte read went through the cap, the listing's pages (2000 keys of 170 bytes
+    # and more) as the weights. Whether a byte also waited depends on how fast the rest
+    # of the machine is: a slow listing (a busy machine) lets the bucket refill between
+    # pages, and counting waits failed in CI (262 KiB waited of the 662 KiB expected).
+    read = model.stat().st_size + 2000 * 170
+    assert m["aioloader_daemon_capped_bytes_total"] >= read

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -27,16 +27,13 @@ from aioloader.swarm.session import Swarm
 from aioloader.swarm.settings_pack import settings_pack
 from aioloader.swarm.torrents import info_hash, libtorrent
 
+from . import test_swarm_session
+
 P = 64 << 10  # the piece of the small files here
 NAME = "model.safetensors"
 
 
-@pytest.fixture
-async def swarms() -> AsyncIterator[list[Swarm]]:
-    made: list[Swarm] = []
-    yield made
-    for swarm in made:
-        await swarm.aclose()
+swarms = test_swarm_session.swarms  # the sessions a test made, closed after it
 
 
 async def _swarm(made: list[Swarm], n: int, allow: list[int], rate: int = 0) -> Swarm:

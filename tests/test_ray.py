@@ -26,7 +26,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 import aioloader  # noqa: E402
-from aioloader.ray import load_shared, preload, release_shared  # noqa: E402
+from aioloader.ray import load_shared, preload, release_shared, stop_agents  # noqa: E402
 
 from .helpers import assert_matches_files, write_sharded  # noqa: E402
 from .servers import FaultyHttpServer, MotoS3Server  # noqa: E402
@@ -165,6 +165,23 @@ class Replica:
         except Exception as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
         return {"digests": {n: _digest(t) for n, t in tensors.items()}}
+
+    async def shared_cached(
+        self, url: str, cache_dir: str, options: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """load_shared through the node cache: digests, and the RuntimeWarnings said."""
+        import warnings
+
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                tensors = await load_shared(url, cache_dir=cache_dir, **(options or {}))
+            except Exception as exc:
+                return {"error": f"{type(exc).__name__}: {exc}"}
+        return {
+            "digests": {n: _digest(t) for n, t in tensors.items()},
+            "warnings": [str(w.message) for w in said if w.category is RuntimeWarning],
+        }
 
     async def alone(self, url: str) -> dict[str, Any]:
         self.tensors = await aioloader.load_model(url, cache_dir=False)
@@ -566,3 +583,196 @@ def test_nodes_that_cannot_share_pull_alone_and_a_warning_says_what_it_costs(
         off = preload(url, cache_dir=str(tmp_path / "o-{node_id}"), share=False)
     assert all(r.ok and not r.shared for r in off), off
     assert http_server.bytes_sent >= 3 * size
+
+
+# -- load_shared shares one download through the swarm -----------------------------------
+
+
+def _reference(files: list[Path]) -> dict[str, str]:
+    from safetensors.torch import load_file
+
+    return {n: _digest(t) for path in files for n, t in load_file(path).items()}
+
+
+def _on_every_node() -> list[Any]:
+    """One replica pinned to each alive node."""
+    return [
+        Replica.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+        for n in alive_nodes()
+    ]
+
+
+def _agents_of(node_id: str) -> list[str]:
+    """The names of load_shared's agents on ``node_id`` (named after the node)."""
+    return [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "aioloader" and a["name"].startswith(f"aioloader-agent-{node_id}")
+    ]
+
+
+def _only_probes(server: FaultyHttpServer) -> None:
+    """The origin sent no file's body: version probes (a file's first bytes) at most."""
+    gets = server.gets()
+    assert all(g.range and g.range.startswith("bytes=0-") for g in gets), gets
+
+
+def test_load_shared_on_three_nodes_shares_one_download(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """Actors on all 3 nodes at once: the origin sends the model once, every tensor is
+    the source's bit for bit, and a second round (holders released) reads no body."""
+    _swarm()
+    stop_agents()
+    files = model(http_server.root / "m", megabytes=24, seed=11)
+    index = http_server.root / "m" / "model.safetensors.index.json"
+    url = http_server.url_for("m/model.safetensors.index.json")
+    size = _sizes(files, index)
+    template = str(tmp_path / "ls-{node_id}")
+    want = _reference(files)
+    replicas = _on_every_node()
+    http_server.reset_counters()
+    try:
+        first = ray.get([r.shared_cached.remote(url, template) for r in replicas], timeout=300)
+        sent = http_server.bytes_sent
+        assert all(got.get("digests") == want and not got["warnings"] for got in first), first
+        assert sent <= size * 1.05, f"the origin sent {sent / size:.3f}x the model"
+        for node_id in alive_nodes():  # each node cache holds the model
+            assert _load_cached(template.format(node_id=node_id), index).keys() == want.keys()
+
+        assert release_shared(url, cache_dir=template) == 3
+        http_server.reset_counters()
+        again = ray.get([r.shared_cached.remote(url, template) for r in replicas], timeout=300)
+        assert all(got.get("digests") == want for got in again), again
+        _only_probes(http_server)
+        assert http_server.bytes_sent < size * 0.01, http_server.bytes_sent
+    finally:
+        release_shared(url, cache_dir=template)
+        for replica in replicas:
+            ray.kill(replica)
+    assert stop_agents() == 3
+    _wait_for("no agent left", lambda: not any(_agents_of(n) for n in alive_nodes()))
+    assert stop_agents() == 0
+
+
+def test_a_killed_agent_is_replaced_on_the_next_load_shared(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    _swarm()
+    first = model(http_server.root / "a", megabytes=4, seed=12)
+    second = model(http_server.root / "b", megabytes=4, seed=13)
+    url_a = http_server.url_for("a/model.safetensors.index.json")
+    url_b = http_server.url_for("b/model.safetensors.index.json")
+    template = str(tmp_path / "k-{node_id}")
+    node = alive_nodes()[1]
+    replica = Replica.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+    ).remote()
+    try:
+        got = ray.get(replica.shared_cached.remote(url_a, template), timeout=300)
+        assert got.get("digests") == _reference(first), got
+        [name] = _agents_of(node)
+        ray.kill(ray.get_actor(name, namespace="aioloader"))
+        _wait_for("the agent gone", lambda: name not in _agents_of(node))
+        got = ray.get(replica.shared_cached.remote(url_b, template), timeout=300)
+        assert got.get("digests") == _reference(second) and not got["warnings"], got
+        assert _agents_of(node) and name not in _agents_of(node)  # a new agent
+    finally:
+        release_shared(url_a, cache_dir=template)
+        release_shared(url_b, cache_dir=template)
+        ray.kill(replica)
+
+
+def test_two_models_shared_at_once(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    _swarm()
+    # Two models with no file alike (their indexes differ too).
+    files_a = model(http_server.root / "a", megabytes=8, seed=14)
+    files_b = model(http_server.root / "b", megabytes=6, seed=15)
+    urls = [http_server.url_for(f"{m}/model.safetensors.index.json") for m in "ab"]
+    size = sum(
+        _sizes(f, http_server.root / m / "model.safetensors.index.json")
+        for f, m in ((files_a, "a"), (files_b, "b"))
+    )
+    template = str(tmp_path / "two-{node_id}")
+    replicas = _on_every_node()
+    http_server.reset_counters()
+    try:
+        runs = [r.shared_cached.remote(u, template) for u in urls for r in replicas]
+        got = ray.get(runs, timeout=300)
+        assert all(g.get("digests") == _reference(files_a) for g in got[:3]), got[:3]
+        assert all(g.get("digests") == _reference(files_b) for g in got[3:]), got[3:]
+        assert not any(g["warnings"] for g in got), got
+        assert http_server.bytes_sent <= size * 1.05, http_server.bytes_sent / size
+    finally:
+        for url in urls:
+            release_shared(url, cache_dir=template)
+        for replica in replicas:
+            ray.kill(replica)
+
+
+def test_load_shared_without_the_swarm_warns_and_loads_alone(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """The swarm cannot listen (its port is taken): every node pulls its own copy,
+    a warning says what it costs, the tensors are right; share=True fails instead."""
+    import socket
+
+    _swarm()
+    stop_agents()  # agents already running would share on their own ports
+    files = model(http_server.root / "m", megabytes=4, seed=16)
+    url = http_server.url_for("m/model.safetensors.index.json")
+    want = _reference(files)
+    host = ray.nodes()[0]["NodeManagerAddress"]
+    replicas = _on_every_node()
+    template = str(tmp_path / "w-{node_id}")
+    try:
+        with socket.socket() as taken:
+            taken.bind((host, 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            held = {"swarm_port": port}
+            got = ray.get([r.shared_cached.remote(url, template, held) for r in replicas])
+            for one in got:
+                assert one.get("digests") == want, one
+                [said] = one["warnings"]
+                assert "cannot share the download" in said and f"{port}" in said, said
+                assert "pulls its own copy" in said and "1x the model more" in said, said
+            strict = ray.get(
+                replicas[0].shared_cached.remote(
+                    url, str(tmp_path / "s-{node_id}"), {**held, "share": True}
+                )
+            )
+            assert "share=True" in strict.get("error", ""), strict
+    finally:
+        release_shared(url, cache_dir=template)
+        release_shared(url, cache_dir=str(tmp_path / "s-{node_id}"))
+        for replica in replicas:
+            ray.kill(replica)
+    assert not any(_agents_of(n) for n in alive_nodes())  # none kept that cannot share
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"share": "yes"}, {"share": 1}, {"share": 0}, {"share": ""}, {"share": [True]},
+        {"swarm_port": -1}, {"swarm_port": 65536}, {"swarm_port": 10**100},
+        {"swarm_port": True}, {"swarm_port": "6881"}, {"swarm_port": 1.5},
+        {"swarm_port": None}, {"swarm_port": float("nan")},
+        {"cache_dir": ""}, {"cache_dir": 7}, {"cache_dir": "/c/{node}"}, {"cache_dir": "/c/{"},
+        {"cache_dir": "/c/" + "{node_id}" * 10**5 + "{x}"},
+    ],
+)  # fmt: skip
+def test_load_shared_refuses_unusable_sharing_options(
+    cluster: dict[str, Any], options: Any
+) -> None:
+    import asyncio
+
+    from aioloader import ConfigError
+
+    before = ray.util.list_named_actors(all_namespaces=True)
+    with pytest.raises(ConfigError, match=next(iter(options))) as info:
+        asyncio.run(load_shared("http://127.0.0.1:9/m.safetensors", **options))
+    assert len(str(info.value)) < 2000
+    assert ray.util.list_named_actors(all_namespaces=True) == before

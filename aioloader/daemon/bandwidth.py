@@ -117,12 +117,14 @@ class BandwidthStatistics:
         throttled_bytes: bytes whose read had to wait for the cap.
         waited_seconds: time reads spent waiting for the cap, summed over reads.
         waiting: reads waiting now.
+        capped_bytes: bytes read under the cap, whether they waited or not.
     """
 
     rate: int
     throttled_bytes: int
     waited_seconds: float
     waiting: int
+    capped_bytes: int = 0
 
 
 class Bandwidth:
@@ -145,12 +147,15 @@ class Bandwidth:
         self._timer: asyncio.TimerHandle | None = None
         self._throttled = 0
         self._waited = 0.0
+        self._capped = 0
 
     def __repr__(self) -> str:
         return f"<Bandwidth {self.rate} B/s waiting={len(self._waiters)}>"
 
     def statistics(self) -> BandwidthStatistics:
-        return BandwidthStatistics(self.rate, self._throttled, self._waited, len(self._waiters))
+        return BandwidthStatistics(
+            self.rate, self._throttled, self._waited, len(self._waiters), self._capped
+        )
 
     def paced(self, priority: Priority) -> PacedFetch:
         """What one download's requests take their bytes through (``runtime.pace.PACE``)."""
@@ -159,6 +164,7 @@ class Bandwidth:
     async def take(self, nbytes: int, priority: Priority = lambda: 0) -> None:
         """Wait until ``nbytes`` may be requested; higher priorities are served first."""
         if not self._waiters.first() and self._bucket.take(nbytes, self._clock()):
+            self._capped += nbytes
             return
         started = self._clock()
         waiter = self._waiters.add(priority, nbytes)
@@ -173,6 +179,7 @@ class Bandwidth:
             self._serve()
             raise
         self._throttled += nbytes
+        self._capped += nbytes
         self._waited += self._clock() - started
 
     def _serve(self) -> None:

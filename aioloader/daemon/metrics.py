@@ -133,6 +133,13 @@ class Metrics:
         )
         r.register(
             self._cap_counter(
+                "aioloader_daemon_capped_bytes",
+                "Bytes read under the bandwidth cap, whether they waited for it or not",
+                "capped_bytes",
+            )
+        )
+        r.register(
+            self._cap_counter(
                 "aioloader_daemon_throttle_wait_seconds",
                 "Seconds reads waited for the bandwidth cap, summed over reads",
                 "waited_seconds",

@@ -22,10 +22,14 @@ actors, node-affinity scheduling and the object store.
   node read the model once and map the same host memory (zero-copy, read-only).
   A holder serves one URL with one set of options (selection, rows, credentials,
   limits): callers that ask differently get holders of their own, named after a
-  digest of what they asked, so no secret shows in an actor's name.
+  digest of what they asked, so no secret shows in an actor's name. The holders on
+  several nodes share one download: each has its node's agent (one per node, found
+  through a registry actor; agents.py) fetch the model into the node cache through
+  the swarm first. ``stop_agents()`` stops those agents.
 """
 
+from .agents import stop_agents
 from .preload import NodePreload, preload
 from .shared import load_shared, release_shared
 
-__all__ = ["NodePreload", "load_shared", "preload", "release_shared"]
+__all__ = ["NodePreload", "load_shared", "preload", "release_shared", "stop_agents"]

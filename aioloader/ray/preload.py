@@ -129,40 +129,44 @@ class _Agent:
         """The other agents' daemons, as this daemon's peers."""
         self.server.set_peers(apis)
 
-    async def fetch(self, urls: list[Location], options: dict[str, Any]) -> dict[str, Any]:
-        from ..cache.model_cache import ModelCache
+    async def ping(self) -> bool:  # whether its daemon runs (agents.py asks)
+        return self.task is not None and not self.task.done()
 
+    async def fetch(
+        self, urls: list[Location], options: dict[str, Any], apis: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Fetch ``urls`` into the node cache (``apis``: the other agents, as peers)."""
+        from ..cache.model_cache import ModelCache
+        from ..swarm.manifest import model_key
+
+        cache = ModelCache(self.folder) if self.server is None else self.server.cache
         started = time.perf_counter()
         fetched = total = origin = peers = 0
-        if self.server is None:
-            cache = ModelCache(self.folder)
-            for url in urls:
+        paths = []  # each model's local layout in the node cache (load_shared reads it)
+        for url in urls:
+            if self.server is None:
                 model = await cache.fetch(url, **options)
-                fetched += model.downloaded
-                total += model.bytes
-            origin = fetched
-        else:
-            from ..swarm.manifest import model_key
-
-            coordinator = self.server.coordinator
-            load = LoadOptions.build(**options)
-            for url in urls:
-                key = model_key(url.first)
-                before = coordinator.reads.get(key)
+                origin += model.downloaded
+            else:
+                coordinator = self.server.coordinator
+                if apis is not None:
+                    self.server.set_peers(apis)
+                before = coordinator.reads.get(model_key(url.first))
                 was = (before.origin, before.peers) if before is not None else (0, 0)
-                model = await coordinator.fetch(url, self.server.cache, load)
-                fetched += model.downloaded
-                total += model.bytes
-                reads = coordinator.reads.get(key)
+                model = await coordinator.fetch(url, cache, LoadOptions.build(**options))
+                reads = coordinator.reads.get(model_key(url.first))
                 if reads is not None:
                     origin += reads.origin - was[0]
                     peers += reads.peers - was[1]
+            fetched, total = fetched + model.downloaded, total + model.bytes
+            paths.append(model.path)
         return {
             "fetched": fetched,
             "cached": total - fetched,
             "seconds": time.perf_counter() - started,
             "from_origin": origin,
             "from_peers": peers,
+            "paths": paths,
         }
 
     async def stop(self) -> None:

@@ -3,7 +3,9 @@
 A holder actor on the caller's node loads the model once into the object store; each
 replica maps the same memory (zero-copy, read-only). A holder serves one URL with one
 set of options: callers that ask differently get holders of their own, named after a
-digest of what they asked, so no secret shows in an actor's name.
+digest of what they asked, so no secret shows in an actor's name. The holders of a
+model on several nodes share one download from the origin: each has its node's agent
+(agents.py) fetch the model into the node cache through the swarm, then loads from there.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ..errors import ConfigError
 from ..redact import redacting_logger
 from ..sources.stores import Location, locate
+from .preload import check_cache_dir, check_sharing
 
 __all__ = ["load_shared", "release_shared"]
 
@@ -38,15 +41,33 @@ class _Holder:
 
     def __init__(self) -> None:
         self._refs: dict[str, Any] | None = None
+        self._alone: str | None = None  # why this node's copy did not come through the swarm
         self._lock = asyncio.Lock()
 
-    async def refs(self, url: Location, options: dict[str, Any]) -> dict[str, Any]:
-        """``{name: (object ref of the bytes, dtype name, shape)}``, loading on first call."""
+    async def refs(
+        self, url: Location, options: dict[str, Any], template: str | None, share: Any,
+        swarm_port: int,
+    ) -> dict[str, Any]:  # fmt: skip
+        """``{"refs": {name: (object ref of the bytes, dtype name, shape)}, "alone": why
+        or None, "host": ...}``, loading on first call: through the node's agent into the
+        node cache first (agents.py), where ``template`` names one and ``share`` allows."""
         async with self._lock:
             if self._refs is None:
                 from ..api import load_model
 
-                tensors = await load_model(url, **options)
+                folder = None if template is None else _node_folder(template)
+                options = {**options, "cache_dir": folder or False}
+                if folder is not None and share is not False:
+                    from .agents import share_into_cache
+
+                    fetch = {k: v for k, v in options.items() if k not in _FOR_LOADS}
+                    got = await share_into_cache(
+                        url, fetch, template or "", folder, swarm_port, share
+                    )
+                    self._alone = got.get("alone")
+                    tensors = await _from_node_cache(got.get("path"), url, options)
+                else:
+                    tensors = await load_model(url, **options)
                 # Into the object store as bytes (NumPy has no bfloat16), one object per
                 # tensor; the heap copy goes when this returns.
                 self._refs = {
@@ -57,7 +78,43 @@ class _Holder:
                     )
                     for name, t in tensors.items()
                 }
-            return self._refs
+            host = ray.util.get_node_ip_address()
+            return {"refs": self._refs, "alone": self._alone, "host": host}
+
+
+async def _from_node_cache(path: Any, url: Location, options: dict[str, Any]) -> Any:
+    """The model from its layout in the node cache, as the agent just fetched it (no
+    version probe to the origin again); through the cache as usual where there is none
+    or it went meanwhile (evicted)."""
+    from ..api import load_model
+    from ..errors import LoaderError
+
+    if path is not None:
+        try:
+            return await load_model(path, **{**options, "cache_dir": False})
+        except (LoaderError, OSError) as exc:
+            logger.info("loading %s from the node cache again: %s", url.url, exc)
+    return await load_model(url, **options)
+
+
+# What says how tensors are loaded, not how files are read: left out of the agent's fetch.
+_FOR_LOADS = ("tensors", "rows", "device", "framework", "group", "cache_dir")
+
+
+def _node_folder(template: str) -> str | None:
+    """The node cache folder on this node: ``template`` filled in, or where none was
+    given (``""``), ``$AIOLOADER_CACHE_DIR`` else ``~/.cache/aioloader`` (None: the
+    variable says no cache)."""
+    if template:
+        node_id = ray.get_runtime_context().get_node_id()
+        return template.format(node_id=node_id, node_ip=ray.util.get_node_ip_address())
+    from ..daemon.config import default_cache_dir
+    from ..settings.options import LoadOptions
+
+    chosen = LoadOptions.build().cache_dir
+    if chosen is False:
+        return None
+    return os.fspath(chosen) if isinstance(chosen, str | os.PathLike) else str(default_cache_dir())
 
 
 def torch_uint8() -> Any:
@@ -114,19 +171,41 @@ def _holder_key(url: str | Sequence[str], options: Mapping[str, Any]) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12, person=b"aioloader-hold").hexdigest()
 
 
+_SHARING = ("share", "swarm_port")  # how a holder loads, not what it holds
+
+
 def _holder_name(key: str, node_id: str) -> str:
     return f"aioloader-shared-{node_id[:16]}-{key}"
 
 
-async def load_shared(url: str | Location, **options: Any) -> dict[str, Any]:
-    """The tensors of ``url`` from the object store of this node, loaded once per node.
+async def load_shared(
+    url: str | Location, *, share: bool | None = None, swarm_port: int = 0, **options: Any
+) -> dict[str, Any]:
+    """The tensors of ``url`` from the object store of this node, loaded once per node,
+    the nodes sharing one download from the origin.
 
     The first caller on a node starts a holder actor there, named after the node and
     a digest of the URL and ``options``, so that every caller on the node asking the
     same finds the same one, and a caller asking otherwise (other ``tensors=`` or
-    ``rows=``, other credentials) gets its own. The holder loads the model with
-    ``load_model(url, **options)`` and puts each tensor into Ray's object store;
+    ``rows=``, other credentials) gets its own. The holder has its node's agent
+    (agents.py: one per node, found through a registry actor, peers of each other)
+    fetch the model into the node cache through the swarm, then loads it from there
+    with ``load_model(url, **options)`` and puts each tensor into Ray's object store;
     every caller then maps those objects: zero-copy, one copy of host memory per node.
+
+    Args:
+        url: the model, as ``load_model`` takes it.
+        share: None: through the swarm where the node can (libtorrent installed, its
+            swarm listening), else the holder pulls its own copy and a RuntimeWarning
+            says what that costs; True: a node that cannot share fails; False: pull
+            alone. It and ``swarm_port`` apply when a holder loads, and do not make
+            holders of their own.
+        swarm_port: the port the node's agent's swarm listens on when this call starts
+            the agent (0: a free one); it must be open between the nodes.
+        options: as ``load_model`` takes them. ``cache_dir``: the node cache folder
+            (``{node_id}`` and ``{node_ip}`` are filled in, as for ``preload``); default
+            ``$AIOLOADER_CACHE_DIR`` on the node, else ``~/.cache/aioloader``;
+            ``False``: no node cache, so no swarm either (each node reads the origin).
 
     ``options`` must be plain values that say what is asked: a function (a
     ``tensors=`` predicate, ``split_rows``) cannot, and is refused; so is ``group=``.
@@ -136,12 +215,15 @@ async def load_shared(url: str | Location, **options: Any) -> dict[str, Any]:
         into one fails). Clone a tensor to change it.
 
     Raises:
-        ConfigError: an option is not a plain value (before any actor starts).
+        ConfigError: an option is not a plain value, or not usable (before any actor
+            starts); with ``share=True``, a node that cannot share.
     """
     import torch
 
     where = url if isinstance(url, Location) else locate(url)  # parsed once, for the holder
     key = _holder_key(where.url, options)
+    check_sharing(share, swarm_port)
+    template = _template(options.get("cache_dir"))
     node_id = ray.get_runtime_context().get_node_id()
     holder = _Holder.options(  # type: ignore[attr-defined]
         name=_holder_name(key, node_id),
@@ -150,7 +232,13 @@ async def load_shared(url: str | Location, **options: Any) -> dict[str, Any]:
         lifetime="detached",
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     ).remote()
-    refs: dict[str, Any] = await holder.refs.remote(where, options)
+    got = await holder.refs.remote(where, options, template, share, swarm_port)
+    if got["alone"] is not None and share is None:
+        from .agents import warn_alone
+
+        shown = where.url if isinstance(where.url, str) else where.first
+        warn_alone(node_id, got["host"], shown, got["alone"])
+    refs: dict[str, Any] = got["refs"]
     names = list(refs)
     arrays = await asyncio.gather(*(refs[n][0] for n in names))
     tensors = {}
@@ -164,12 +252,32 @@ async def load_shared(url: str | Location, **options: Any) -> dict[str, Any]:
     return tensors
 
 
+_PATH_MAX = 4096
+
+
+def _template(cache_dir: Any) -> str | None:
+    """The node cache folder template (``""``: the default folder; None: no cache)."""
+    if cache_dir is False:
+        return None
+    if cache_dir is None:
+        return ""
+    if isinstance(cache_dir, str | os.PathLike) and len(os.fspath(cache_dir)) > _PATH_MAX:
+        raise ConfigError(
+            f"load_shared: cache_dir is {len(os.fspath(cache_dir))} characters long, past "
+            f"the {_PATH_MAX} a folder path can have; give the node cache's folder"
+        )
+    try:
+        return check_cache_dir(cache_dir)
+    except ConfigError as exc:
+        raise ConfigError(f"load_shared: {exc}") from None
+
+
 def release_shared(url: str, nodes: Sequence[str] | None = None, **options: Any) -> int:
     """Stop the holders of ``url`` loaded with ``options`` (the same as given to
     ``load_shared``), on ``nodes`` (default all): their objects are freed once no
     actor holds a tensor of them. Returns how many were stopped."""
     stopped = 0
-    key = _holder_key(url, options)
+    key = _holder_key(url, {k: v for k, v in options.items() if k not in _SHARING})
     node_ids = list(nodes) if nodes is not None else [n["NodeID"] for n in ray.nodes()]
     for node_id in node_ids:
         try:
