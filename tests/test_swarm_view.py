@@ -22,6 +22,7 @@ from aioloader.swarm.view import (
     FileView,
     ModelView,
     NodeView,
+    RangeView,
     Unreachable,
     ViewError,
     parse_cluster,
@@ -246,6 +247,70 @@ def test_the_table_shows_every_node_and_file_and_the_unreachable() -> None:
 def test_an_empty_cluster_says_so() -> None:
     lines = render(ClusterView((NodeView(A, None, "10.0.0.1:6881", 1.0),)))
     assert lines[0] == "no node fetches or offers a model"
+
+
+# -- a file dealt in byte ranges -------------------------------------------------------
+
+
+def _split() -> ClusterView:
+    """One 96 MiB file in three ranges: A pulls [0, 32) (50 %), B [32, 64) (done), C
+    [64, 96) (nothing yet); A follows B and C, B follows A and C; C follows A and D,
+    which is not in the view (a fourth range of C's own cut)."""
+    size, third = 96 * MIB, 32 * MIB
+
+    def ranges(*roles: tuple[str, str, int]) -> tuple[RangeView, ...]:
+        return tuple(RangeView(i * third, third, done, role, node)
+                     for i, (role, node, done) in enumerate(roles))  # fmt: skip
+
+    a = _node(A, _file("w", size=size, done=16 * MIB + third, ranges=ranges(
+        ("origin", A, 16 * MIB), ("holds", B, third), ("follows", C, 0))))  # fmt: skip
+    b = _node(B, _file("w", size=size, done=third, ranges=ranges(
+        ("follows", A, 0), ("holds", B, third), ("follows", C, 0))))  # fmt: skip
+    c = _node(C, _file("w", size=size, done=0, ranges=ranges(
+        ("follows", D, 0), ("follows", B, 0), ("origin", C, 0))))  # fmt: skip
+    return ClusterView((a, b, c))
+
+
+def test_a_view_with_ranges_round_trips_and_a_lying_range_is_flagged() -> None:
+    a = _split().nodes[0]
+    assert parse_node(json.loads(json.dumps(a.as_dict())), "peer x") == a
+    doc = json.loads(json.dumps(a.as_dict()))
+    listed = doc["models"][0]["files"][0]["ranges"]
+    listed[0].update(done=40 * MIB)  # more than the range
+    listed[1].update(offset=90 * MIB)  # past the file's end
+    listed[2].update(role="teleports")
+    flags = parse_node(doc, "peer x").models[0].files[0].flags
+    assert any("done 41943040 B of 33554432 B" in f for f in flags), flags
+    assert any("ends past the file's" in f for f in flags)
+    assert any("teleports" in f for f in flags)
+    doc["models"][0]["files"][0]["ranges"] = [listed[0]] * 5000
+    with pytest.raises(ViewError, match="ranges is not a list of at most"):
+        parse_node(doc, "peer x")
+    for wrong in ("all", [{"offset": "0"}], [{"offset": 0, "length": 1, "done": 0, "role": 1}]):
+        doc["models"][0]["files"][0]["ranges"] = wrong
+        with pytest.raises(ViewError, match="peer x"):
+            parse_node(doc, "peer x")
+
+
+def test_a_node_behind_on_a_range_is_told_whose_range_holds_it_back() -> None:
+    cluster = _split()
+    a, b, c = cluster.nodes
+    assert diagnose(cluster, a, a.models[0]) == (
+        f"following {C[:8]} for range [64.00 MiB, 96.00 MiB) of w (here 0%), which is itself "
+        "at 0% (pulling it from the origin)"
+    )
+    assert diagnose(cluster, b, b.models[0]) == (
+        f"following {A[:8]} for range [0 B, 32.00 MiB) of w (here 0%), which is itself "
+        "at 50% (pulling it from the origin)"
+    )
+    assert diagnose(cluster, c, c.models[0]) == (
+        f"following {D[:8]} for range [0 B, 32.00 MiB) of w, which is not in the view "
+        "(gone, or unreachable)"
+    )
+    text = "\n".join(render(cluster))
+    assert "3 ranges: 1 origin, 1 follows" in text and "3 ranges: 0 origin, 2 follows" in text
+    assert "range [0 B, 32.00 MiB)" in text and f"follows {D[:8]}" in text
+    assert "range [32.00 MiB, 64.00 MiB)  holds" not in text  # a range here is no row
 
 
 # -- gathering the peers' views ----------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 
 from . import fixtures_fleet
 from .fleet import REPO, TOKEN, Fleet, Model, Node, Origin, daemon_flag, swarm_missing
+from .http_server import FaultyHttpServer
 
 origin, model = fixtures_fleet.origin, fixtures_fleet.model  # the shared fixtures
 
@@ -148,3 +149,74 @@ def test_the_view_of_a_fetch_running_a_node_killed_and_done(
         )
         json_out = _cli(first, "--json")
         assert json_out.returncode == 0 and '"unreachable"' in json_out.stdout
+
+
+def test_the_view_shows_who_pulls_and_who_follows_each_range_of_a_one_file_model(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    """Three nodes split a 96 MiB file whose origin pauses a second after every 2 MiB
+    sent: while they pull, each node's view lists every range of the file, read here
+    from the origin (by this node, once in the cluster) or followed from its puller,
+    and the table and its line say so; once done, the file is whole on every node."""
+    from .daemon_helpers import TOKEN as NODE_TOKEN
+    from .daemon_helpers import single_file
+    from .test_swarm_ranges import _fleet
+
+    file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
+    url, size = http_server.url_for("m/w.safetensors"), file.stat().st_size
+    http_server.stall("m/w.safetensors", 1.0, after_bytes=2 << 20, count=1000)
+    nodes = _fleet(tmp_path, 191, 3)
+
+    def ranged(view: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        return [(n["node"], f) for n in view["nodes"] for m in n["models"] for f in m["files"]]
+
+    def asked(node: Any) -> dict[str, Any]:
+        status, body = node.get("/v1/swarm/view?cluster=1")
+        assert status == 200, body
+        return body  # type: ignore[no-any-return]
+
+    def pulling(view: dict[str, Any]) -> bool:
+        shown = ranged(view)
+        return len(shown) == 3 and all(
+            any(r["role"] == "origin" for r in f["ranges"]) for _, f in shown
+        )
+
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            assert node.post({"url": url, "id": "m"})[0] in (200, 202)
+        deadline = time.monotonic() + 60
+        while not pulling(view := asked(nodes[0])):
+            assert time.monotonic() < deadline, view
+            time.sleep(0.1)
+        ids = {n["node"] for n in view["nodes"]}
+        pulled = []
+        for holder, f in ranged(view):
+            ranges = f["ranges"]
+            assert f["flags"] == [] and f["done"] == sum(r["done"] for r in ranges)
+            assert [r["offset"] for r in ranges] == [
+                sum(r["length"] for r in ranges[:i]) for i in range(len(ranges))
+            ]
+            assert sum(r["length"] for r in ranges) == size
+            for r in ranges:
+                assert r["node"] in ids and 0 <= r["done"] <= r["length"]
+                if r["role"] == "origin":
+                    assert r["node"] == holder
+                    pulled.append(r["offset"])
+                elif r["role"] == "follows":
+                    assert r["node"] != holder
+        assert sorted(pulled) == sorted({r["offset"] for _, f in ranged(view) for r in f["ranges"]})
+        printed = _cli(nodes[0], token=NODE_TOKEN)  # type: ignore[arg-type]
+        assert printed.returncode == 0, printed.stderr
+        assert "ranges: 1 origin, 2 follows" in printed.stdout, printed.stdout
+        assert "range [0 B, " in printed.stdout, printed.stdout
+        assert "which is itself at" in printed.stdout and "of m/w.safetensors" in printed.stdout
+        for node in nodes:
+            node.wait_status("m", "ready", 180)
+        done = asked(nodes[0])
+        for _, f in ranged(done):
+            assert f["role"] in ("holds", "seeds") and f["done"] == size
+    finally:
+        for node in nodes:
+            node.stop()

@@ -11,6 +11,8 @@ What a line says, for the file of the node that is furthest behind:
   connected";
 - it pulls the file from the origin: at what rate, or nothing for the last seconds;
 - it has not decided yet how the file comes (it is asking its peers);
+- for a file dealt in byte ranges, the same of the range furthest behind: "following
+  1a2b3c4d for range [256 MiB, 512 MiB) of model.safetensors, which is itself at 20 %";
 - and, first, what it reports that cannot be (flagged by view.py): its numbers are
   then shown as reported, and not to be trusted.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from ..settings.values import format_size
 from .counts import RATE_WINDOW
-from .view import ClusterView, FileView, ModelView, NodeView
+from .view import ClusterView, FileView, ModelView, NodeView, RangeView
 
 __all__ = ["diagnose", "render"]
 
@@ -97,9 +99,41 @@ def _following(cluster: ClusterView, model: ModelView, file: FileView) -> tuple[
     )
 
 
+def _span(one: RangeView) -> str:
+    return f"range [{format_size(one.offset)}, {format_size(one.offset + one.length)})"
+
+
+def _range(
+    cluster: ClusterView, model: ModelView, file: FileView, one: RangeView
+) -> tuple[int, str]:
+    """(as ``_why``) for range ``one`` of ``file``, not here yet."""
+    what = f"{_span(one)} of {_short(file.name)}"
+    here = f" (here {one.done / one.length:.0%})" if one.length else ""
+    if one.role == "origin":
+        return 5, f"pulling {what}{here} from the origin"
+    shown = (one.node or "?")[:8]
+    puller = cluster.node(one.node) if one.node is not None else None
+    if puller is None:
+        return 0, f"following {shown} for {what}, which is not in the view (gone, or unreachable)"
+    theirs = puller.model(model.key)
+    their = theirs.file(file.name) if theirs is not None else None
+    them = next((r for r in their.ranges if r.offset == one.offset), None) if their else None
+    if them is None:
+        return 2, f"following {shown} for {what}, which does not list that range"
+    if them.done < them.length:
+        how = "pulling it from the origin" if them.role == "origin" else them.role
+        return 4, f"following {shown} for {what}{here}, which is itself at " + (
+            f"{them.done / them.length:.0%} ({how})" if them.length else "0 %"
+        )
+    return 6, f"following {shown} for {what}{here}, which has it whole"
+
+
 def _why(cluster: ClusterView, model: ModelView, file: FileView) -> tuple[int, str]:
     """(how much it holds the node back: 0 most, what holds it) for a file not whole."""
     name = _short(file.name)
+    behind = [r for r in file.ranges if r.done < r.length]
+    if behind:
+        return min((_range(cluster, model, file, r) for r in behind), key=lambda found: found[0])
     if file.role == "follows":
         return _following(cluster, model, file)
     if file.role == "origin" and file.rate > 0:
@@ -138,12 +172,28 @@ def _row(view: NodeView, model: ModelView, file: FileView) -> tuple[str, ...]:
         role = f"follows {(file.follows or '?')[:8]}"
     elif file.role == "seeds":
         role = f"seeds {_rate(file.upload_rate)}"
+    elif file.ranges:
+        counts = {r: sum(one.role == r for one in file.ranges) for r in ("origin", "follows")}
+        role = f"{len(file.ranges)} ranges: " + ", ".join(f"{n} {r}" for r, n in counts.items())
     rate = _rate(file.rate) if file.role in ("origin", "follows") else "-"
     mark = " !" if file.flags else ""
     return (
         who(view), model.state, _short(file.name), role, _done(file) + mark, rate,
         format_size(file.bytes_from_origin), format_size(file.bytes_from_peers),
     )  # fmt: skip
+
+
+def _range_rows(file: FileView, most: int = 8) -> list[tuple[str, ...]]:
+    """Rows under a file dealt in ranges: its ranges not here yet (``most`` of them)."""
+    behind = [r for r in file.ranges if r.done < r.length]
+    rows: list[tuple[str, ...]] = [
+        ("", "", f"  {_span(r)}", f"follows {(r.node or '?')[:8]}" if r.role == "follows"
+         else r.role, f"{r.done / r.length:.1%}" if r.length else "-", "", "", "")
+        for r in behind[:most]
+    ]  # fmt: skip
+    if len(behind) > most:
+        rows.append(("", "", f"  {len(behind) - most} more range(s) not here", "", "", "", "", ""))
+    return rows
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
@@ -169,9 +219,10 @@ def render(cluster: ClusterView) -> list[str]:
             found = view.model(key)
             if found is None:
                 continue
-            rows += [_row(view, found, f) for f in found.files] or [
-                (who(view), found.state, "-", "-", "-", "-", "-", "-")
-            ]
+            for f in found.files:
+                rows += [_row(view, found, f), *_range_rows(f)]
+            if not found.files:
+                rows.append((who(view), found.state, "-", "-", "-", "-", "-", "-"))
             said = diagnose(cluster, view, found)
             if said is not None:
                 why.append(f"  {who(view)}: {said}")

@@ -83,6 +83,11 @@ class Download:
     def __repr__(self) -> str:
         return f"<Download {self.info_hash[:12]} {self.progress:.0%}>"
 
+    @property
+    def done(self) -> int:
+        """Bytes of the wanted pieces checked here, as last looked at."""
+        return max(self._done, 0)
+
     def connect(self, peers: Iterable[tuple[str, int]]) -> None:
         """Peers to try (their swarm addresses); tried again while some are not connected."""
         self._peers = list(dict.fromkeys([*self._peers, *peers]))

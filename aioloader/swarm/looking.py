@@ -11,7 +11,8 @@ looking costs no call into libtorrent.
 A file's role: ``origin``, this node pulls it from the origin now; ``follows``, it
 downloads it from the node ``follows``; ``holds``, it is whole here (and offered to the
 peers); ``seeds``, whole here and going out to peers connected now; ``waiting``, the fetch has
-not decided yet how it comes.
+not decided yet how it comes. A file dealt in byte ranges is ``origin``, and lists how
+each of its ranges comes (``Ranged.roles``).
 
 ``cluster_view`` asks every peer for its own view at once, each within ``wait``
 seconds: a peer that does not answer, answers garbage or too much is listed
@@ -75,9 +76,13 @@ def _file(
     if (way is not None and way.kind == "origin") or offer is not None:
         done = offer.done if offer is not None else origin
         rate = counted.origin.rate() if counted is not None else 0.0
+        ranges = way.ranges if way is not None else ()
+        if ranges:  # its ranges come from the origin and from their pullers
+            done = sum(r.done for r in ranges)
+            rate += counted.peers.rate() if counted is not None else 0.0
         return FileView(
             name, size, done, "origin", rate=rate,
-            bytes_from_origin=origin, bytes_from_peers=peers,
+            bytes_from_origin=origin, bytes_from_peers=peers, ranges=ranges,
         )  # fmt: skip
     return FileView(name, size, 0, "waiting", bytes_from_origin=origin, bytes_from_peers=peers)
 

@@ -42,6 +42,7 @@ from .range_torrents import info_only, make_range_torrent
 from .ranges import MAX_RANGE, PIECE, RangeOffer, owner, spans
 from .session import Swarm
 from .torrents import info_hash
+from .view import RangeView
 
 __all__ = ["Ranged", "Split"]
 
@@ -103,6 +104,7 @@ class Ranged(Delivery):
         self._written = [loop.create_future() for _ in self.spans]
         self._mine: dict[int, bytes] = {}  # range -> its torrent, seeded here
         self._downloads: dict[int, Download] = {}
+        self._pulling: set[int] = set()  # ranges read from the origin here
         self._tasks: list[asyncio.Task[None]] = []
         self._path: Path | None = None
         self._committed = False
@@ -122,6 +124,22 @@ class Ranged(Delivery):
         if listed is not None:
             return listed
         return owner(split.key, self.name, len(self.spans), i, split.pullers, split.gone())
+
+    def roles(self) -> tuple[RangeView, ...]:
+        """How each range comes here, for the cluster's view (view.py)."""
+        shown = {r.offset: r.done for r in self.offer.ranges}
+        found = []
+        for i, (offset, length) in enumerate(self.spans):
+            written, who = self._written[i], self.owner(i) or None
+            download = self._downloads.get(i)
+            if written.done() and not written.cancelled() and written.exception() is None:
+                found.append(RangeView(offset, length, length, "holds", who))
+            elif i in self._pulling:
+                found.append(RangeView(offset, length, shown.get(offset, 0), "origin", who))
+            else:
+                done = download.done if download is not None else 0
+                found.append(RangeView(offset, length, min(done, length), "follows", who))
+        return tuple(found)
 
     def _listed(self) -> dict[tuple[int, int], str]:
         """The ranges of this file (this version's size) the nodes alive list, and who."""
@@ -241,6 +259,7 @@ class Ranged(Delivery):
         """Read range ``i`` from the origin into the partial file; then publish it."""
         offset, length = self.spans[i]
         assert self._path is not None
+        self._pulling.add(i)
         done = 0
 
         def progress(n: int) -> None:

@@ -46,6 +46,7 @@ from .manifest import FileOffer, file_name
 from .ranged import Ranged, Split
 from .ranges import RANGED_FROM
 from .session import Swarm
+from .view import RangeView
 
 logger = redacting_logger(__name__)
 
@@ -90,13 +91,14 @@ class FileWay:
     ``origin``, ``held`` (the cache has it), ``follow`` (from ``node``, whose API is
     ``api``) or ``deciding`` (asking the origin, waiting for the followed node to list
     it); ``size``, the origin's (where it was asked); ``info_hash``, its download's
-    once started."""
+    once started; ``ranges``, how each range of a file dealt in ranges comes."""
 
     kind: Literal["origin", "held", "follow", "deciding"]
     size: int | None = None
     node: str | None = None
     api: str | None = None
     info_hash: str | None = None
+    ranges: tuple[RangeView, ...] = ()
 
 
 class Route(Protocol):
@@ -282,7 +284,8 @@ class SwarmSupply(Supply):
             digest = incoming.info_hash if incoming is not None else None
             size = way.current.size if way.current is not None else None
             if way.kind == "ranged":
-                found[name] = FileWay("origin", size)  # its own ranges, and the others'
+                ranged = self._ranged.get(name)  # its own ranges, and the others'
+                found[name] = FileWay("origin", size, ranges=ranged.roles() if ranged else ())
             elif follow is None:
                 found[name] = FileWay(way.kind, size)
             else:

@@ -15,7 +15,13 @@ A node's view (``NodeView.as_dict``)::
                             "follows": <node id> | null, "follows_api": "host:port" | null,
                             "rate": B/s coming in, "upload_rate": B/s going out,
                             "peers": swarm peers connected for it,
-                            "bytes_from_origin", "bytes_from_peers", "flags": [...]}]}]}
+                            "bytes_from_origin", "bytes_from_peers", "flags": [...],
+                            "ranges": [{"offset", "length", "done",
+                                        "role": "origin" | "follows" | "holds",
+                                        "node": <its puller's id> | null}]}]}]}
+
+A file dealt in byte ranges (ranged.py) lists how each range comes: read here from the
+``origin``, ``follows`` its puller ``node``, or ``holds`` (here); its ``done`` counts all.
 
 The cluster's (``ClusterView.as_dict``): ``{"nodes": [<node view>, ...], "unreachable":
 [{"api": "host:port", "reason": "..."}]}``, the node asked first.
@@ -32,19 +38,21 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ..errors import FormatError
 from .manifest import MAX_FILE_SIZE, MAX_FILES
+from .ranges import MAX_RANGES
 
 __all__ = [
     "MAX_MODELS",
+    "RANGE_ROLES",
     "ROLES",
     "STATES",
     "ClusterView",
     "FileView",
     "ModelView",
     "NodeView",
+    "RangeView",
     "Unreachable",
     "ViewError",
     "parse_cluster",
@@ -52,8 +60,8 @@ __all__ = [
     "parse_one",
 ]
 
-Role = Literal["origin", "follows", "holds", "seeds", "waiting"]
 ROLES = ("origin", "follows", "holds", "seeds", "waiting")
+RANGE_ROLES = ("origin", "follows", "holds")
 STATES = ("fetching", "following", "complete")
 MAX_MODELS = 1024  # models one node's view may list
 MAX_NODES = 4096  # nodes (answering or not) a cluster's view may list
@@ -63,6 +71,20 @@ _ID = re.compile(r"^[0-9a-f]{1,64}$")
 
 class ViewError(FormatError):
     """A view of the wrong shape: not usable at all."""
+
+
+@dataclass(frozen=True)
+class RangeView:
+    """How one byte range of a file dealt in ranges comes to a node (``RANGE_ROLES``)."""
+
+    offset: int
+    length: int
+    done: int
+    role: str
+    node: str | None = None  # the range's puller
+
+    def as_dict(self) -> dict[str, object]:
+        return {k: getattr(self, k) for k in ("offset", "length", "done", "role", "node")}
 
 
 @dataclass(frozen=True)
@@ -79,6 +101,7 @@ class FileView:
     bytes_from_origin: int = 0
     bytes_from_peers: int = 0
     flags: tuple[str, ...] = ()
+    ranges: tuple[RangeView, ...] = ()
 
     @property
     def fraction(self) -> float | None:
@@ -99,6 +122,7 @@ class FileView:
             "bytes_from_origin": self.bytes_from_origin,
             "bytes_from_peers": self.bytes_from_peers,
             "flags": list(self.flags),
+            "ranges": [r.as_dict() for r in self.ranges],
         }
 
 
@@ -226,6 +250,23 @@ def _number(value: object, what: str, flags: list[str], *, whole: bool) -> int |
     return value
 
 
+def _range(raw: object, what: str, size: int, flags: list[str]) -> RangeView:
+    """One range of a file's view; what cannot be goes in the file's ``flags``."""
+    doc = _object(raw, what)
+    offset = int(_number(doc.get("offset"), "offset", flags, whole=True))
+    length = int(_number(doc.get("length"), "length", flags, whole=True))
+    done = int(_number(doc.get("done"), "done", flags, whole=True))
+    if offset + length > size:
+        flags.append(f"range [{offset}, {offset + length}) ends past the file's {size} B")
+    if done > length:
+        flags.append(f"range [{offset}, ...) done {done} B of {length} B")
+    role = _text(doc.get("role"), f"{what}.role", limit=32)
+    if role not in RANGE_ROLES:
+        flags.append(f"range role {role!r} is not one of {', '.join(RANGE_ROLES)}")
+    node = _text(doc.get("node"), f"{what}.node", optional=True, limit=64) or None
+    return RangeView(offset, length, done, role, node)
+
+
 def _file(raw: object, what: str) -> FileView:
     doc = _object(raw, what)
     flags: list[str] = []
@@ -239,6 +280,9 @@ def _file(raw: object, what: str) -> FileView:
     follows = _text(doc.get("follows"), f"{what}.follows", optional=True, limit=64) or None
     if role == "follows" and follows is None:
         flags.append("it follows no node it names")
+    raw_ranges = doc.get("ranges")
+    listed = [] if raw_ranges is None else _list(raw_ranges, f"{what}.ranges", MAX_RANGES)
+    ranges = tuple(_range(r, f"{what}.ranges[{i}]", size, flags) for i, r in enumerate(listed))
     return FileView(
         name=_text(doc.get("name"), f"{what}.name", limit=1024),
         size=size,
@@ -257,6 +301,7 @@ def _file(raw: object, what: str) -> FileView:
             _number(doc.get("bytes_from_peers"), "bytes_from_peers", flags, whole=True)
         ),
         flags=tuple(flags),
+        ranges=ranges,
     )
 
 
