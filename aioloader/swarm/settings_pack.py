@@ -25,6 +25,13 @@ def settings_pack(host: str, port: int, rate: int) -> dict[str, str | int | bool
         "active_downloads": -1,
         "active_seeds": -1,
         "active_limit": -1,
+        # Every connection unchoked, and room for one per torrent and peer: a node of a
+        # split seeds a range torrent per range it pulled to every other node (8 nodes,
+        # 8 files in 8 ranges: 56 of them). libtorrent's 8 unchoke slots and 200
+        # connections left most of them choked for longer than the stall time, and a
+        # range stalled "no piece for 30 s" was read from the origin again (4.3x).
+        "unchoke_slots_limit": -1,
+        "connections_limit": 8192,
         "peer_connect_timeout": 3,
         "enable_ip_notifier": False,
         "max_retry_port_bind": 0,  # the port asked for, or an error
