@@ -206,3 +206,13 @@ async def test_a_file_size_limit_loads_without_caching(
     assert int(out) == sum(t.numel() for t in model(0).values())
     assert "without caching" in err.decode()
     assert leftovers(root) == []
+
+
+def test_an_error_without_words_is_named_by_its_kind() -> None:
+    """A timeout met while a file lands (an OSError with no message) named nothing:
+    'writing URL failed ()' (fleet_bench's cold run). It says what it was now."""
+    from aioloader.cache.entry import cache_error
+
+    said = str(cache_error(TimeoutError(), Path("/c"), "writing http://x/a.safetensors"))
+    assert "failed (TimeoutError)" in said and "()" not in said
+    assert "failed (disk full)" in str(cache_error(OSError("disk full"), Path("/c"), "writing"))

@@ -104,7 +104,9 @@ def cache_error(exc: OSError, root: Path | str, doing: str) -> CacheError:
         )
     else:
         hint = "check the disk, or pass cache_dir=False to load without the cache"
-    return CacheError(f"model cache {root}: {doing} failed ({exc}); {hint}")
+    return CacheError(
+        f"model cache {root}: {doing} failed ({str(exc) or type(exc).__name__}); {hint}"
+    )
 
 
 @dataclass(frozen=True)

@@ -229,7 +229,7 @@ class DaemonClient:
             if method == "GET":
                 raise
             raise SourceError(
-                f"the daemon at {self.url} cannot be reached ({exc or type(exc).__name__}): "
+                f"the daemon at {self.url} cannot be reached ({str(exc) or type(exc).__name__}): "
                 "is `aioloader serve` running on this node, on that address and port?"
             ) from None
         if status == 401:
@@ -293,7 +293,7 @@ class DaemonClient:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise SourceError(
                 f"the daemon at {self.url} stopped sending {redact(url)} "
-                f"({exc or type(exc).__name__}); fetch again"
+                f"({str(exc) or type(exc).__name__}); fetch again"
             ) from None
         if offset != size:
             raise SourceError(

@@ -72,7 +72,7 @@ async def ask(daemon: str, token: str | None, wait: float = TIMEOUT) -> ClusterV
                     break
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise SourceError(
-            f"the daemon at {daemon} did not answer ({exc or type(exc).__name__}); "
+            f"the daemon at {daemon} did not answer ({str(exc) or type(exc).__name__}); "
             "is `aioloader serve` running there?"
         ) from None
     if total > MAX_ANSWER:

@@ -136,7 +136,7 @@ class Asker:
         except TimeoutError:
             raise NoAnswer(f"no answer within {wait:g} s", quiet=True) from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise NoAnswer(f"no answer ({exc or type(exc).__name__})", quiet=True) from None
+            raise NoAnswer(f"no answer ({str(exc) or type(exc).__name__})", quiet=True) from None
         except ValueError as exc:
             raise NoAnswer(str(exc)) from None
         try:
