@@ -55,6 +55,40 @@ def test_every_node_deals_alike_and_a_gone_puller_s_ranges_go_to_the_others() ->
     assert owner("k", "f", 6, 0, pullers, set(pullers)) == ""
 
 
+def test_weight_files_as_many_as_the_pullers_are_dealt_whole_fewer_cut_round_all_pullers() -> None:
+    """8 shards on 8 nodes: whole files (a torrent a file); 3 shards on 8 nodes: each cut
+    in 3, and the 9 ranges go round all 8 pullers (before: each file's ranges went to the
+    first 3 of its own ranking, so some nodes pulled 2 and others nothing)."""
+    from aioloader.swarm.deal import Deal
+
+    nodes = [f"{i:02x}" * 16 for i in range(8)]
+    shards = [f"m/model-0000{i}-of-00008.safetensors" for i in range(1, 9)]
+    whole = Deal("k", nodes[0], nodes, {})
+    whole.expect([*shards, "m/model.safetensors.index.json"])
+    assert whole.ranged() is None
+    three = Deal("k", nodes[0], nodes, {})
+    three.expect(shards[:3])
+    assert three.ranged() == sorted(nodes) and three.cuts() == 3
+    owners = [
+        owner("k", name, 3, i, nodes, set(), three.start(name)) for name in shards[:3]
+        for i in range(3)
+    ]  # fmt: skip
+    assert set(owners) == set(nodes) and max(owners.count(n) for n in nodes) == 2
+    one = Deal("k", nodes[0], nodes, {})
+    one.expect(["m/w.safetensors"])
+    assert one.cuts() == 8 and one.start("m/w.safetensors") == 0
+    # A puller gone: its ranges of every file go to the others, in turn, alike everywhere.
+    gone = owners[0]
+    after = [
+        owner("k", name, 3, i, nodes, {gone}, three.start(name)) for name in shards[:3]
+        for i in range(3)
+    ]  # fmt: skip
+    assert gone not in after
+    assert [a for a, b in zip(after, owners, strict=True) if b != gone] == [
+        b for b in owners if b != gone
+    ]
+
+
 def _manifest(ranges: object, size: int = 96 * MiB) -> dict[str, object]:
     offer = {"name": "m/w.safetensors", "url": "http://o/m/w.safetensors", "size": size}
     offer["ranges"] = ranges

@@ -382,7 +382,9 @@ class _Route:
 
     def ranged(self) -> Split | None:
         pullers, deal, gate = self.deal.ranged(), self.deal, self.gate
-        return None if pullers is None else Split(deal.key, deal.node, pullers, self.followed, gate)
+        if pullers is None:
+            return None
+        return Split(deal.key, deal.node, pullers, self.followed, gate, deal.cuts(), deal.start)
 
 
 async def _gather(coros: Iterable[Awaitable[T]]) -> list[T]:

@@ -52,6 +52,7 @@ class Deal:
     share: int | None = None
     _assigned: dict[str, str] = field(default_factory=dict, repr=False)
     _routed: set[str] = field(default_factory=set, repr=False)
+    _weights: set[str] = field(default_factory=set, repr=False)  # the fetch's *.safetensors
 
     def __str__(self) -> str:
         if self.whole is not None:
@@ -71,9 +72,25 @@ class Deal:
 
     def ranged(self) -> list[str] | None:
         """The pullers a large file's ranges are dealt among (ranges.py), in node order;
-        None where a holder is followed or one node pulls."""
+        None where a holder is followed, one node pulls, or the fetch has a weight file
+        for every puller: whole files are dealt then (``expect``), every origin link
+        busy with a torrent a file, not one a range (8 files on 8 nodes in ranges: 56
+        range torrents seeded by each node)."""
         pullers = self._pullers()
-        return None if self.whole is not None or len(pullers) < 2 else sorted(pullers)
+        if self.whole is not None or len(pullers) < 2 or len(self._weights) >= len(pullers):
+            return None
+        return sorted(pullers)
+
+    def cuts(self) -> int:
+        """The ranges a large file is cut into: the pullers over the weight files
+        (rounded up), so the model's ranges are about one per puller."""
+        return -(-len(self._pullers()) // max(1, len(self._weights)))
+
+    def start(self, name: str) -> int:
+        """Where the ranges of the file ``name`` start in the turn round the pullers:
+        the cuts of the weight files before it (ranges.owner)."""
+        before = sum(1 for w in self._weights if w < name)
+        return before * self.cuts()
 
     def leader(self, name: str) -> str:
         """The node that pulls the file ``name`` from the origin (or holds it already)."""
@@ -100,6 +117,7 @@ class Deal:
         deals alike). Rendezvous hashing alone gave one node of eight four of eight
         shards: its link to the origin, then its upload, set the cluster's pace. A file
         already routed (the index, read to find the others) keeps its node."""
+        self._weights |= {n for n in names if n.endswith(".safetensors")}
         pullers = self._pullers()
         load = dict.fromkeys(pullers, 0)
         for name in sorted(set(names) - self._routed):

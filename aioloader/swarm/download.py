@@ -177,10 +177,17 @@ class Download:
                 return  # nothing new since the last flush
             swarm.flushes.discard(self.info_hash)
             await run_blocking(swarm.lane, self.handle.flush_cache)
-            async with asyncio.timeout(max(swarm.stall, 1.0)):
-                while self.info_hash not in swarm.flushes:
-                    await asyncio.sleep(_POLL)
-                    await swarm.refresh()
+            wait = max(swarm.stall, 1.0)
+            try:
+                async with asyncio.timeout(wait):
+                    while self.info_hash not in swarm.flushes:
+                        await asyncio.sleep(_POLL)
+                        await swarm.refresh()
+            except TimeoutError:  # a bare one read as this cache's disk failing
+                raise SwarmStalled(
+                    f"swarm download {self.info_hash[:12]}: libtorrent did not confirm "
+                    f"its writes within {wait:g} s"
+                ) from None
             self._check_writes()  # a write that failed is reported before the flush ends
             self._flushed = have
 

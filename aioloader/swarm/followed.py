@@ -181,7 +181,9 @@ class Followed:
         (``size`` bytes), once the node lists it written, fetched by its info hash (its
         info dict) and checked against that range; SwarmError when it cannot be had.
         ``strict``: NotListed once the node lists ranges of the file but not this one
-        (it dealt the file otherwise: it saw other pullers)."""
+        (it dealt the file otherwise: it saw other pullers); NotListed too when its
+        manifest stays the same for the stall time without the range: a node that
+        answers is not dropped (with every range it serves) for one it does not pull."""
 
         def ready() -> RangeOffer | None:
             offer = self.manifest.file(name) if self.manifest else None
@@ -197,7 +199,10 @@ class Followed:
             return None
 
         what = f"range [{offset}, {offset + length}) of {name}"
-        listed = await self._wait(ready, what)
+        try:
+            listed = await self._wait(ready, what)
+        except SwarmStalled as exc:  # alive, answering, and not pulling it: it dealt the
+            raise NotListed(str(exc)) from None  # file otherwise (it saw others gone)
         assert listed.info_hash is not None
         raw = None
         if self.fetch_range is not None:

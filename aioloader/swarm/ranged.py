@@ -34,7 +34,7 @@ from ..runtime.threads import run_blocking
 from ..sources.base import Current, Source
 from ..sources.digests import Digest
 from .counts import Reads
-from .download import Download, SwarmError
+from .download import Download, SwarmError, SwarmStalled
 from .followed import Followed, NotListed
 from .manifest import FileOffer, torrent_name
 from .pulling import CHUNK, OriginFile, pull
@@ -61,6 +61,8 @@ class Split:
     pullers: list[str]
     followed: Mapping[str, Followed]
     gate: asyncio.Semaphore  # this node's requests in flight for its ranges (pulling.py)
+    cuts: int = 0  # the ranges a file is cut into (0: one per puller)
+    start: Callable[[str], int] = lambda name: 0  # where a file's ranges start (deal.py)
 
     def gone(self) -> set[str]:
         return {n for n, f in self.followed.items() if f.gone is not None}
@@ -96,7 +98,8 @@ class Ranged(Delivery):
         self.split, self.swarm, self.lane = split, swarm, lane
         self.url, self.name, self.size = url, name, current.size
         self.reads, self.noted, self.digest = reads, noted, digest
-        self.spans = spans(self.size, len(split.pullers))
+        self.spans = spans(self.size, split.cuts or len(split.pullers))
+        self._start = split.start(name)
         listed = self._listed()
         if listed and not set(listed) <= set(self.spans):  # it joins a split under way
             self.spans = _adopted(sorted(listed), self.size)
@@ -105,6 +108,7 @@ class Ranged(Delivery):
         self._mine: dict[int, bytes] = {}  # range -> its torrent, seeded here
         self._downloads: dict[int, Download] = {}
         self._pulling: set[int] = set()  # ranges read from the origin here
+        self._delivered: set[str] = set()  # the nodes a range came from whole
         self._tasks: list[asyncio.Task[None]] = []
         self._path: Path | None = None
         self._committed = False
@@ -123,7 +127,9 @@ class Ranged(Delivery):
         listed = self._listed().get(self.spans[i])
         if listed is not None:
             return listed
-        return owner(split.key, self.name, len(self.spans), i, split.pullers, split.gone())
+        return owner(
+            split.key, self.name, len(self.spans), i, split.pullers, split.gone(), self._start
+        )
 
     def roles(self) -> tuple[RangeView, ...]:
         """How each range comes here, for the cluster's view (view.py)."""
@@ -229,11 +235,20 @@ class Ranged(Delivery):
                     await self._pull(i)
                     break
                 except SwarmError as exc:
+                    if follow.gone is not None:  # the node itself went: dealt again
+                        continue
+                    if isinstance(exc, SwarmStalled) and follow.node in self._delivered:
+                        # This range stalled, not the node (it served others): read it
+                        # here. Dropping the node for one range had every node that saw
+                        # a stall read all of its ranges from the origin (1.98x).
+                        logger.warning("%s from %r: %s; read from the origin here",
+                                       self._what(i), follow, exc)  # fmt: skip
+                        await self._drop(i)
+                        await self._pull(i)
+                        break
                     logger.warning("%s from %r failed: %s; dealt again", self._what(i), follow, exc)
                     follow.went(exc)
-                    download = self._downloads.pop(i, None)
-                    if download is not None:
-                        await download.aclose()
+                    await self._drop(i)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -244,6 +259,11 @@ class Ranged(Delivery):
         if not future.done():
             future.set_result(None)
 
+    async def _drop(self, i: int) -> None:
+        download = self._downloads.pop(i, None)
+        if download is not None:
+            await download.aclose()
+
     async def _fetch(self, i: int, follow: Followed) -> None:
         offset, length = self.spans[i]
         path = self._path
@@ -253,6 +273,7 @@ class Ranged(Delivery):
         download = await self.swarm.download_range(torrent, path, follow.swarm_peers())
         self._downloads[i] = download
         await download.wait_range(offset, offset + length)
+        self._delivered.add(follow.node)
         self.reads.from_peers(self.name, length)
 
     async def _pull(self, i: int) -> None:

@@ -5,9 +5,10 @@ Every node computes the same ranges and the same owner for each, from the file's
 (the origin's, asked by every node), the split's pullers (deal.py) and the pullers it
 knows are gone: pure functions, no I/O, no clock. A file under ``RANGED_FROM`` stays
 whole (one puller, deal.py's file deal); a larger one is cut into piece-aligned ranges
-of about ``size / pullers`` (at most ``MAX_RANGE``), and range ``i`` goes to the
-``i``-th puller of the file's own ranking (rendezvous.py), so every puller reads about
-a 1/n of every large file from the origin, whatever the file count. The ranges of a
+of about ``size / cuts`` (at most ``MAX_RANGE``; ``cuts``, the pullers over the
+model's weight files, deal.py), and the ranges of the model's files, one file after
+the other, go round the model's ranking of the pullers (rendezvous.py): every puller
+reads about a 1/n of the model from the origin, whatever the file count. The ranges of a
 puller that is gone go to the pullers left, in turn, in the same ranking: every
 survivor re-deals alike, and the ranges of the pullers alive keep their owner.
 """
@@ -54,20 +55,25 @@ def spans(size: int, pullers: int, piece: int = PIECE) -> list[tuple[int, int]]:
     return [(at, min(length, size - at)) for at in range(0, size, length)]
 
 
-def owner(key: str, name: str, count: int, index: int, pullers: list[str], gone: set[str]) -> str:
+def owner(
+    key: str, name: str, count: int, index: int, pullers: list[str], gone: set[str], start: int = 0
+) -> str:
     """The puller of range ``index`` of the ``count`` ranges of file ``name`` of model
-    ``key``: the ``index``-th of the file's ranking (in turn); where that one is
-    ``gone``, the ranges of the gone go to the pullers left, in turn in that ranking.
-    Every node that knows the same pullers gone computes the same. All gone: ""."""
-    order = ranked(f"{key}/{name}", pullers)
-    first = order[index % len(order)]
+    ``key``: the ``(start + index)``-th of the model's ranking of the pullers (in turn;
+    ``start``, the ranges of the model's files before this one, so the ranges of all its
+    files go round the pullers evenly); where that one is ``gone``, the ranges of the
+    gone go to the pullers left, in turn in that ranking. Every node that knows the same
+    pullers gone computes the same. All gone: ""."""
+    order = ranked(key, pullers)
+    first = order[(start + index) % len(order)]
     if first not in gone:
         return first
     left = [n for n in order if n not in gone]
     if not left:
         return ""
-    orphans = [i for i in range(count) if order[i % len(order)] in gone]
-    return left[orphans.index(index) % len(left)]
+    orphans = [i for i in range(count) if order[(start + i) % len(order)] in gone]
+    turn = orphans.index(index) + sum(order[i % len(order)] in gone for i in range(start))
+    return left[turn % len(left)]
 
 
 @dataclass(frozen=True)
