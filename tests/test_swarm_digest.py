@@ -155,3 +155,50 @@ def test_an_s3_swarm_copy_that_differs_from_the_full_object_checksum_is_refused(
         log = _refused_then_origin(fleet, url, files, shard)
     header = f"x-amz-checksum-{algorithm.lower()}"
     assert shard in log and header in log, log[-3000:]
+
+
+def test_a_file_assembled_from_ranges_is_checked_against_the_hubs_sha256(
+    tmp_path: Path, hub_env: tuple[Any, dict[str, str]]
+) -> None:
+    """Three nodes split an 80 MiB one-file model of the Hub in byte ranges. Its storage
+    host first serves bytes of the right size that differ from the file's LFS oid: each
+    node assembles the file from its ranges and its peers', the whole file's sha256
+    differs, and no cache keeps any of it. Served true again, a fetch assembles it on
+    every node, bit-identical."""
+    import hashlib
+
+    from .daemon_helpers import single_file
+
+    hub, env = hub_env
+    data = single_file(tmp_path / "src" / "model.safetensors", kib=80 * 1024).read_bytes()
+    hub.commit("org/ranged", {"model.safetensors": data, "config.json": b'{"model_type": "x"}'})
+    blob = hub.storage.root / hashlib.sha256(data).hexdigest()
+    forged = bytearray(data)
+    for at in range(8 + int.from_bytes(data[:8], "little"), len(data), 1 << 20):
+        forged[at] ^= 0xFF
+    blob.write_bytes(bytes(forged))
+    url = "hf://org/ranged"
+
+    def failed(node: Any) -> bool:
+        return bool(node.model("bad")["status"] == "failed")
+
+    with Fleet(3, tmp_path / "fleet", swarm=True, args=ARGS, env=env) as fleet:
+        fleet.start()
+        for i in range(3):
+            fleet.post(i, url, "bad")
+        for i in range(3):
+            fleet.wait_for(fleet[i], failed, 180, "the forged file refused")
+        logs = [fleet[i].output() for i in range(3)]
+        said = "model.safetensors: the file assembled from its ranges does not match the sha256"
+        assert any(said in log for log in logs), logs[0][-3000:]
+        for i in range(3):
+            assert not [u for u in _entries(fleet[i].cache_dir) if u.endswith("model.safetensors")]
+        blob.write_bytes(data)
+        for i in range(3):
+            fleet.post(i, url, "bad")  # asked again: fetched again
+        fleet.wait_all("bad", seconds=180)
+        for i in range(3):
+            (held,) = [
+                p for u, p in _entries(fleet[i].cache_dir).items() if u.endswith(".safetensors")
+            ]
+            assert held.read_bytes() == data, f"node {i}: its copy differs"
