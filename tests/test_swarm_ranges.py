@@ -89,6 +89,98 @@ def test_weight_files_as_many_as_the_pullers_are_dealt_whole_fewer_cut_round_all
     ]
 
 
+def test_nodes_that_heard_different_answers_deal_one_split() -> None:
+    """32 nodes on two vCPUs: each counted the answers it had in time, cut one file by its
+    own count and dealt its ranges to owners who cut it otherwise; each read what its
+    owner did not list from the origin: 32 copies. Now the first split published is
+    everyone's: the same pullers, cut and owner for every range on every node."""
+    from aioloader.swarm.asking import Answer
+    from aioloader.swarm.deal import deal
+    from aioloader.swarm.manifest import Manifest
+
+    nodes = [f"{i:02x}" * 16 for i in range(32)]
+    key, name = "k" * 64, "m/model.safetensors"
+
+    def answer(node: str, state: str | None = None, split: tuple[str, ...] = ()) -> Answer:
+        manifest = Manifest(key, "u", node, "10.0.0.1:1", state, split=split) if state else None  # type: ignore[arg-type]
+        return Answer(f"api-{node}", node, manifest, "10.0.0.1:1")
+
+    def cut(dealt: object) -> list[tuple[int, int, str]]:
+        dealt.expect([name])  # type: ignore[attr-defined]
+        pullers = dealt.ranged()  # type: ignore[attr-defined]
+        assert pullers is not None
+        got = spans(1 << 30, dealt.cuts())  # type: ignore[attr-defined]
+        return [
+            (offset, length, owner(key, name, len(got), i, pullers, set()))
+            for i, (offset, length) in enumerate(got)
+        ]
+
+    # The first dealer heard 29 others in time.
+    first = deal(key, nodes[0], [answer(n) for n in nodes[1:30]], set())
+    split = tuple(sorted(first.pullers or first.cohort))
+    assert len(split) == 30
+    # Another heard all 31 others, the first among them, its split published.
+    heard = [answer(nodes[0], "fetching", split)] + [answer(n) for n in nodes[1:] if n != nodes[5]]
+    other = deal(key, nodes[5], heard, set())
+    assert other.pullers == list(split)
+    assert cut(other) == cut(first)
+    # A node left out of the split (it was not heard in time) pulls nothing.
+    late = deal(key, nodes[31], heard[:-1], set())
+    assert nodes[31] not in (late.ranged() or [])
+    assert nodes[31] not in {who for *_, who in cut(late)}
+    # Two splits published (two nodes dealt at once): the longest, then the first in
+    # node order, whatever order the answers came in; a node's own deal is kept.
+    shorter = tuple(nodes[:20])
+    rival = tuple(nodes[2:32])
+    both = [answer(nodes[1], "fetching", rival), answer(nodes[0], "fetching", split),
+            answer(nodes[3], "fetching", shorter)]  # fmt: skip
+    assert deal(key, nodes[9], both, set()).pullers == list(split)
+    assert deal(key, nodes[9], both[::-1], set()).pullers == list(split)
+    assert deal(key, nodes[9], both, set(), agreed=rival).pullers == list(rival)
+    # Published by a node following a holder, or by none: not a split.
+    assert deal(key, nodes[9], [answer(nodes[0], "following", split)], set()).pullers is None
+
+
+def test_a_dead_puller_of_the_agreed_split_gets_no_whole_file() -> None:
+    """The split stays the same on every try; a puller dropped (dead) is dealt no whole
+    file (it would be followed for it), and its ranges go to the others (ranges.py)."""
+    from aioloader.swarm.asking import Answer
+    from aioloader.swarm.deal import deal
+    from aioloader.swarm.manifest import Manifest
+
+    key = "k" * 64
+    nodes = ["aa", "bb", "cc"]
+    answers = [
+        Answer(f"api-{n}", n, Manifest(key, "u", n, "10.0.0.1:1", "fetching", split=tuple(nodes)))
+        for n in nodes[1:]
+    ]
+    dealt = deal(key, "aa", answers, {"bb"}, agreed=tuple(nodes))
+    assert dealt.pullers == nodes
+    names = [f"model-{i}.safetensors" for i in range(6)]
+    dealt.expect(names)
+    assert {dealt.leader(n) for n in names} == {"aa", "cc"}
+
+
+@pytest.mark.parametrize(
+    ("split", "says"),
+    [
+        ("aa", "split is not a list"),
+        ([], "split is not a list"),
+        (["aa"] * 5000, "split is not a list"),
+        ([1], r"split\[0\] is not a node id"),
+        (["zz"], r"split\[0\] is not a node id"),
+        (["a" * 65], r"split\[0\] is not a node id"),
+        (["bb", "aa"], "not in node order"),
+        (["aa", "aa"], "names a node twice"),
+    ],
+)
+def test_a_peer_lying_about_its_split_is_refused(split: object, says: str) -> None:
+    doc = _manifest([]) | {"split": split}
+    with pytest.raises(ManifestError, match=says):
+        parse(doc, "peer 10.0.0.9", "k" * 64)
+    assert parse(_manifest([]) | {"split": ["aa", "bb"]}, "p", "k" * 64).split == ("aa", "bb")
+
+
 def _manifest(ranges: object, size: int = 96 * MiB) -> dict[str, object]:
     offer = {"name": "m/w.safetensors", "url": "http://o/m/w.safetensors", "size": size}
     offer["ranges"] = ranges

@@ -89,6 +89,9 @@ class Asker:
         self._torrents: OrderedDict[str, bytes] = OrderedDict()
         self._torrent_bytes = 0  # held in ``_torrents``
         self.unchanged = 0  # answers that were a 304 (statistics, tests)
+        # The peers whose last request timed out: they took the connection and did not
+        # answer in time (busy), where a dead daemon's port refuses (followed.py).
+        self.late: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<Asker node={self.node[:8]} {self.proof!r}>"
@@ -134,11 +137,15 @@ class Asker:
                     proof = response.headers.get(ANSWER_HEADER)
                     raw = await _body(response, limit)
         except TimeoutError:
+            self.late.add(api)
             raise NoAnswer(f"no answer within {wait:g} s", quiet=True) from None
         except (aiohttp.ClientError, OSError) as exc:
+            self.late.discard(api)
             raise NoAnswer(f"no answer ({str(exc) or type(exc).__name__})", quiet=True) from None
         except ValueError as exc:
+            self.late.discard(api)
             raise NoAnswer(str(exc)) from None
+        self.late.discard(api)
         try:
             self.proof.check_answer(proof, nonce, status, etag, raw)
         except ProofError as exc:

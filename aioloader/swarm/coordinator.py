@@ -54,8 +54,8 @@ from ..settings.options import LoadOptions
 from ..sources.base import Current
 from .admission import Admission
 from .asking import Asker
-from .deal import Deal, Lead, deal
-from .followed import Answer, Followed, known_torrent, leads, watched
+from .deal import Deal, Lead, deal, published
+from .followed import Answer, Followed, known_torrent, watched
 from .gentle import Heard, leading
 from .looking import cluster_view, own_view
 from .manifest import MAX_ORIGIN_REQUESTS, FileOffer, Manifest, State, file_name, model_key
@@ -304,11 +304,15 @@ class Coordinator(Offers):
             self.manifests[key] = replace(manifest, state="fetching")
         answers = await self._survey(key)
         dead: set[str] = set()
+        agreed: tuple[str, ...] = ()  # who pulls, once dealt: the same for every try
         while True:
-            dealt = deal(key, self.node, answers, dead, self.origin_requests)
+            dealt = deal(key, self.node, answers, dead, self.origin_requests, agreed)
             if self.manifests[key].state != "complete":
                 state: State = "following" if dealt.whole is not None else "fetching"
-                self.manifests[key] = replace(self.manifests[key], state=state)
+                if dealt.whole is None:
+                    agreed = tuple(sorted(dealt.pullers or dealt.cohort))
+                split = agreed if state == "fetching" else ()
+                self.manifests[key] = replace(self.manifests[key], state=state, split=split)
             logger.info("%s: %s", url, dealt)
             route = _Route(dealt, {n: self._followed(key, lead) for n, lead in dealt.leads.items()})
             supply = self.supplies[key] = self._supply(key, reads, route, cache)
@@ -335,27 +339,42 @@ class Coordinator(Offers):
         return cached
 
     def _followed(self, key: str, lead: Lead) -> Followed:
+        asker = self._asker
         followed = Followed(
-            lead.answer, key, self.ask, self.swarm.stall, self._gone(), self._torrent
-        )
+            lead.answer, key, self.ask, self.swarm.stall, self._gone(), self._torrent,
+            late=(lambda api: api in asker.late) if asker is not None else lambda api: False,
+        )  # fmt: skip
         followed.fetch_range = self._asker.range_torrent if self._asker else None
         followed.others = list(lead.others)
         followed.share = lead.share
         return followed
 
     async def _survey(self, key: str) -> list[Answer]:
-        """The other nodes' answers about ``key``: asked again while nobody holds or pulls
-        it and some listed peer is silent, for ``SETTLE`` times ``wait`` at most."""
+        """The other nodes' answers about ``key``, asked again for ``SETTLE`` times
+        ``wait`` at most while nobody holds the model, no split of it is published
+        (deal.py), and some listed peer is silent (a cold cluster's daemons start within
+        seconds of each other, and a busy one answers late) or a node before this one
+        in node order fetches it and is about to publish its split: one node deals, and
+        the others take its split (each dealing its own cut one file 32 ways on 32
+        nodes). Waiting on that node lasts twice as long at most."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + SETTLE * self.wait
+        start = loop.time()
         while True:
             apis = await self._peers()
             found = await _gather(self.ask(api, key) for api in apis)
             answers = [a for a in found if a is not None and a.node != self.node]
             silent = sum(1 for a in found if a is None)
-            if not silent or any(leads(a) for a in answers) or loop.time() >= deadline:
+            held = any(a.manifest is not None and a.manifest.state == "complete" for a in answers)
+            if held or published(answers):
                 return answers
-            await asyncio.sleep(min(self.wait, max(0.0, deadline - loop.time())))
+            dealer = any(
+                a.node < self.node and a.manifest is not None and a.manifest.state == "fetching"
+                for a in answers
+            )
+            waited = (loop.time() - start) / self.wait
+            if not ((silent and waited < SETTLE) or (dealer and waited < 2 * SETTLE)):
+                return answers
+            await asyncio.sleep(min(self.wait, 0.25) if dealer else self.wait)
 
     def _gone(self) -> float:
         """Seconds without an answer after which a followed node is taken for dead: three

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from .asking import Answer
 from .rendezvous import ranked
 
-__all__ = ["Deal", "Lead", "deal", "share_of"]
+__all__ = ["Deal", "Lead", "deal", "published", "share_of"]
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,9 @@ class Deal:
         leads: node id -> its ``Lead``, for every node this one may follow.
         whole: the node followed for every file, where one holds the model.
         listed: file name -> a node whose manifest lists it (followed for it).
-        pullers: the nodes of the cohort that pull files from the origin (None: all);
-            the others follow only.
+        pullers: the nodes that pull files from the origin (None: the cohort), as the
+            split agreed them (``deal``): the same list on every node of the split, a
+            node this one has not heard from included; the others follow only.
         share: the requests in flight to the origin each puller may have (None: no
             cap): the cluster's cap shared out among the pullers.
     """
@@ -70,6 +71,11 @@ class Deal:
     def _pullers(self) -> list[str]:
         return self.cohort if self.pullers is None else self.pullers
 
+    def _live(self) -> list[str]:
+        """The pullers this node can follow (or is): whole files are dealt among them."""
+        found = [n for n in self._pullers() if n in self.cohort]
+        return found or [self.node]
+
     def ranged(self) -> list[str] | None:
         """The pullers a large file's ranges are dealt among (ranges.py), in node order;
         None where a holder is followed, one node pulls, or the fetch has a weight file
@@ -98,7 +104,7 @@ class Deal:
         if listed is not None and listed in self.leads:
             return listed
         assigned = self._assigned.get(name)
-        return assigned if assigned is not None else ranked(self._key(name), self._pullers())[0]
+        return assigned if assigned is not None else ranked(self._key(name), self._live())[0]
 
     def _key(self, name: str) -> str:
         return f"{self.key}/{name}"
@@ -118,7 +124,7 @@ class Deal:
         shards: its link to the origin, then its upload, set the cluster's pace. A file
         already routed (the index, read to find the others) keeps its node."""
         self._weights |= {n for n in names if n.endswith(".safetensors")}
-        pullers = self._pullers()
+        pullers = self._live()
         load = dict.fromkeys(pullers, 0)
         for name in sorted(set(names) - self._routed):
             least = min(load.values())
@@ -128,12 +134,28 @@ class Deal:
 
 
 def deal(
-    key: str, node: str, answers: list[Answer], dead: set[str], cap: int | None = None
+    key: str,
+    node: str,
+    answers: list[Answer],
+    dead: set[str],
+    cap: int | None = None,
+    agreed: tuple[str, ...] = (),
 ) -> Deal:
     """The deal for the model ``key`` on node ``node``, from the other nodes'
     ``answers`` less the ``dead`` ones: a node that holds the model whole is followed
-    for every file; else the nodes that answered (but those following a holder) and
-    this one split the files, and a file a node lists already is followed there.
+    for every file; else the nodes of the split pull the files, and a file a node
+    lists already is followed there.
+
+    **Who pulls is agreed, not counted by each node.** Nodes that each counted the
+    answers they had cut a file differently and dealt its ranges to different owners
+    (on two vCPUs a busy daemon answers one node in time and not another: 32 nodes
+    read 32 copies of a one-file model). So the pullers are, in this order: ``agreed``
+    (this node's own deal, kept for every try of the fetch); else the split a node of
+    it publishes (its manifest's ``split``; of several, the longest, then the first
+    in node order: every node that sees the same picks the same); else, where none is
+    published yet, the nodes that answered (but those following a holder) and this
+    one, which the coordinator then publishes. A node left out of the split follows
+    only; a puller gone, or not heard from, is left to the ranges' re-deal (ranges.py).
 
     ``cap``: this node's cap on requests in flight to the origin, cluster-wide. The
     lowest cap of the split holds (each node publishes its own, so all deal alike);
@@ -157,11 +179,12 @@ def deal(
     leads = {a.node: lead(a, cohort) for a in split}
     caps = [a.manifest.origin_requests for a in split if a.manifest is not None]
     lowest = min([c for c in [cap, *caps] if c is not None], default=None)
-    pullers = None
+    pullers: list[str] | None = list(agreed or published(answers)) or None
+    if pullers is None and lowest is not None:
+        pullers = ranked(key, cohort)[:lowest] if lowest < len(cohort) else cohort
     share = None
     if lowest is not None:
-        pullers = ranked(key, cohort)[:lowest] if lowest < len(cohort) else cohort
-        share = max(1, lowest // len(pullers))
+        share = max(1, lowest // len(pullers or cohort))
     # A file a node lists already (it holds it, or pulls it from the origin) is followed
     # there, whatever the ranking says: a node that joins a split late pulls nothing twice.
     listed: dict[str, str] = {}
@@ -170,6 +193,17 @@ def deal(
             if offer.info_hash is not None or offer.name not in listed:
                 listed[offer.name] = answer.node
     return Deal(key, node, cohort, leads, listed=listed, pullers=pullers, share=share)
+
+
+def published(answers: list[Answer]) -> tuple[str, ...]:
+    """The split the nodes that answered publish, agreed: of several, the longest, then
+    the first in node order (every node that sees the same picks the same); () if none."""
+    splits = [
+        a.manifest.split
+        for a in answers
+        if a.manifest is not None and a.manifest.state == "fetching" and a.manifest.split
+    ]
+    return min(splits, key=lambda s: (-len(s), s), default=())
 
 
 def share_of(node: str, nodes: list[str], followed: str) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from .torrents import info_hash
 
 FetchRange = Callable[[str, str, Callable[[bytes], bytes]], Awaitable[bytes | None]]
 
-__all__ = ["Answer", "Followed", "known_torrent", "leads", "watched"]
+__all__ = ["Answer", "Followed", "known_torrent", "watched"]
 
 T = TypeVar("T")
 F = TypeVar("F")
@@ -45,6 +45,7 @@ class Followed:
         stall: float,
         gone: float | None = None,
         fetch_torrent: Callable[[str, FileOffer], Awaitable[bytes | None]] | None = None,
+        late: Callable[[str], bool] = lambda api: False,
     ) -> None:
         self._ask = ask  # the coordinator's: a peer's answer about a model
         self._fetch_torrent = fetch_torrent  # a torrent by its info hash, checked
@@ -53,6 +54,7 @@ class Followed:
         self.fetch_range: FetchRange | None = None
         self._stall = stall
         self._gone = stall if gone is None else min(gone, stall)
+        self._late = late  # whether the node's last ask timed out (asking.py)
         self.api = answer.api
         self.node = answer.node
         self.key = key
@@ -136,9 +138,12 @@ class Followed:
 
     async def watch(self) -> None:
         """Ask the node about the model every ``_WATCH`` seconds while a fetch follows it;
-        SwarmError once it no longer offers the model, or has not answered (refused, timed
-        out, another daemon at its address) for the ``gone`` time: a follower stops
-        waiting on a dead node's pieces then, not after the stall time."""
+        SwarmError once it no longer offers the model, or has not answered (refused,
+        another daemon at its address) for the ``gone`` time: a follower stops waiting on
+        a dead node's pieces then, not after the stall time. A node whose asks time out
+        (its port takes the connection, its answer comes late: a busy daemon, 32 of them
+        on two vCPUs) is given the stall time: taken for dead, it had every node that
+        followed it deal its ranges again, 85 times in one cold start."""
         loop = asyncio.get_running_loop()
         heard = loop.time()
         while True:
@@ -148,8 +153,12 @@ class Followed:
                 if answer.manifest is None:
                     raise SwarmError(f"{self!r} no longer offers the model")
                 heard = loop.time()
-            elif loop.time() - heard > self._gone:
-                raise SwarmError(f"{self!r} has not answered for {self._gone:g} s")
+                continue
+            late = self._late(self.api)
+            bound = self._stall if late else self._gone
+            if loop.time() - heard > bound:
+                why = "answered late or not at all" if late else "not answered"
+                raise SwarmError(f"{self!r} has {why} for {bound:g} s")
 
     async def offer(self, name: str) -> FileOffer:
         def ready() -> FileOffer | None:
@@ -254,11 +263,6 @@ def known_torrent(follow: Followed | None, name: str, size: int, etag: str | Non
     if offer is None or torrent is None or etag is None:
         return None
     return torrent if (offer.size, offer.etag) == (size, etag) else None
-
-
-def leads(answer: Answer) -> bool:
-    """Whether ``answer``'s node holds the model or pulls it from the origin."""
-    return answer.manifest is not None and answer.manifest.state != "following"
 
 
 async def watched(work: Awaitable[T], follows: list[Followed]) -> T:

@@ -10,6 +10,8 @@ A manifest::
                 "done", "info_hash" of the range torrent | null}]}],
      "origin_requests": the cluster's cap on requests in flight to an origin, as
                         this node is configured (absent: no cap),
+     "split": the node ids that pull the model from the origin in this node's deal,
+              in node order (a node that fetches; absent: none dealt yet; deal.py),
      "throttled": [{"origin": "scheme://host:port", "count": throttling answers
                     this node got from it, "resume_in": seconds left of its pause}]}
 
@@ -69,6 +71,8 @@ _MAX_TEXT = 4096
 MAX_ORIGIN_REQUESTS = 4096
 """The largest cluster-wide cap on requests in flight to one origin."""
 _MAX_THROTTLED = 16  # origins in one manifest's ``throttled``
+MAX_SPLIT = 4096
+"""Nodes one manifest's ``split`` may name."""
 _MAX_COUNT = (1 << 31) - 1
 _MAX_PAUSE = 3600.0  # seconds: a larger ``resume_in`` is a lie (and is capped when heeded)
 _HEX = re.compile(r"^[0-9a-f]+$")
@@ -162,6 +166,7 @@ class Manifest:
     state: State = "following"
     files: tuple[FileOffer, ...] = field(default=())
     origin_requests: int | None = None
+    split: tuple[str, ...] = ()
     # Not progress: a peer whose manifest changes only here has not moved (followed.py).
     throttled: tuple[Throttled, ...] = field(default=(), compare=False)
 
@@ -190,6 +195,8 @@ class Manifest:
         }
         if self.origin_requests is not None:
             doc["origin_requests"] = self.origin_requests
+        if self.split:
+            doc["split"] = list(self.split)
         shown = self.throttled if throttled is None else throttled
         if shown:
             doc["throttled"] = [t.as_dict() for t in shown]
@@ -312,6 +319,19 @@ def _ranges(raw: object, size: int, what: str) -> tuple[RangeOffer, ...]:
         raise ManifestError(str(exc)) from None
 
 
+def _split(raw: object) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_SPLIT:
+        raise ManifestError(f"split is not a list of 1 to {MAX_SPLIT} node ids")
+    for i, node in enumerate(raw):
+        if not isinstance(node, str) or not 0 < len(node) <= 64 or not _HEX.match(node):
+            raise ManifestError(f"split[{i}] is not a node id (at most 64 hex digits)")
+    if raw != sorted(set(raw)):
+        raise ManifestError("split is not in node order, or names a node twice")
+    return tuple(raw)
+
+
 def _throttled(raw: object) -> tuple[Throttled, ...]:
     if raw is None:
         return ()
@@ -385,6 +405,7 @@ def parse(doc: object, peer: str, key: str) -> Manifest:
             state=state,
             files=offers,
             origin_requests=cap,
+            split=_split(doc.get("split")),
             throttled=_throttled(doc.get("throttled")),
         )
     except ManifestError as exc:

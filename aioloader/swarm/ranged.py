@@ -65,7 +65,11 @@ class Split:
     start: Callable[[str], int] = lambda name: 0  # where a file's ranges start (deal.py)
 
     def gone(self) -> set[str]:
-        return {n for n, f in self.followed.items() if f.gone is not None}
+        """The nodes gone, and the pullers this node never heard from (the split is
+        agreed, the answers each node got are not): their ranges are dealt again."""
+        went = {n for n, f in self.followed.items() if f.gone is not None}
+        unheard = {n for n in self.pullers if n != self.node and n not in self.followed}
+        return went | unheard
 
 
 class Ranged(Delivery):
@@ -230,7 +234,9 @@ class Ranged(Delivery):
                 try:
                     await follow.unless_gone(self._fetch(i, follow))
                     break
-                except NotListed as exc:  # it saw other pullers, and cut other ranges
+                except NotListed as exc:  # it dealt this range to another node
+                    if self.owner(i) != who:  # which lists it now: followed there
+                        continue
                     logger.warning("%s: %s; read from the origin here", self._what(i), exc)
                     await self._pull(i)
                     break
