@@ -5,7 +5,7 @@ origin itself.
 
 1. ask every peer ``GET /v1/swarm/models/{key}`` at once, within ``wait`` seconds;
    while nobody holds the model or pulls it and some listed peers have not answered,
-   ask again for up to ``SETTLE`` times ``wait`` (a cold cluster's daemons start
+   ask again for up to ``SETTLE`` times ``wait`` (survey.py) (a cold cluster's daemons start
    within seconds of each other: one not listening yet must not be ranked out; a
    peer that never comes costs that much, once);
 2. a peer that holds the model whole is followed for every file (``Deal.whole``);
@@ -41,10 +41,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from ..cache.entry import Version
 from ..errors import LoaderError
@@ -54,7 +53,7 @@ from ..settings.options import LoadOptions
 from ..sources.base import Current
 from .admission import Admission
 from .asking import Asker
-from .deal import Deal, Lead, deal, published
+from .deal import Deal, Lead, deal
 from .followed import Answer, Followed, known_torrent, watched
 from .gentle import Heard, leading
 from .looking import cluster_view, own_view
@@ -65,6 +64,7 @@ from .proof import PeerProof
 from .ranged import Split
 from .session import Swarm, SwarmError
 from .supply import Reads, SwarmSupply
+from .survey import survey
 from .view import ClusterView, NodeView, parse_one
 
 if TYPE_CHECKING:
@@ -77,11 +77,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Coordinator"]
 
-T = TypeVar("T")
-
 logger = redacting_logger(__name__)
 
-SETTLE = 5  # times ``wait``: how long silent peers are asked again before ranking
 HELD_CHECK = 5.0  # seconds between looks at the seeded files, for other processes' removals
 
 
@@ -350,31 +347,7 @@ class Coordinator(Offers):
         return followed
 
     async def _survey(self, key: str) -> list[Answer]:
-        """The other nodes' answers about ``key``, asked again for ``SETTLE`` times
-        ``wait`` at most while nobody holds the model, no split of it is published
-        (deal.py), and some listed peer is silent (a cold cluster's daemons start within
-        seconds of each other, and a busy one answers late) or a node before this one
-        in node order fetches it and is about to publish its split: one node deals, and
-        the others take its split (each dealing its own cut one file 32 ways on 32
-        nodes). Waiting on that node lasts twice as long at most."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        while True:
-            apis = await self._peers()
-            found = await _gather(self.ask(api, key) for api in apis)
-            answers = [a for a in found if a is not None and a.node != self.node]
-            silent = sum(1 for a in found if a is None)
-            held = any(a.manifest is not None and a.manifest.state == "complete" for a in answers)
-            if held or published(answers):
-                return answers
-            dealer = any(
-                a.node < self.node and a.manifest is not None and a.manifest.state == "fetching"
-                for a in answers
-            )
-            waited = (loop.time() - start) / self.wait
-            if not ((silent and waited < SETTLE) or (dealer and waited < 2 * SETTLE)):
-                return answers
-            await asyncio.sleep(min(self.wait, 0.25) if dealer else self.wait)
+        return await survey(self.node, key, self.wait, self._peers, self.ask)
 
     def _gone(self) -> float:
         """Seconds without an answer after which a followed node is taken for dead: three
@@ -404,15 +377,3 @@ class _Route:
         if pullers is None:
             return None
         return Split(deal.key, deal.node, pullers, self.followed, gate, deal.cuts(), deal.start)
-
-
-async def _gather(coros: Iterable[Awaitable[T]]) -> list[T]:
-    from ..runtime.tasks import gather
-
-    results: list[T] = []
-
-    async def one(coro: Awaitable[T]) -> None:
-        results.append(await coro)
-
-    await gather(one(c) for c in coros)
-    return results

@@ -39,12 +39,15 @@ import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import FormatError
 from ..redact import redact, without_credentials
+from .pullers import parse_split
 from .ranges import RangeOffer, parse_ranges
+
+T = TypeVar("T")
 
 __all__ = [
     "MAX_FILE_SIZE",
@@ -71,8 +74,6 @@ _MAX_TEXT = 4096
 MAX_ORIGIN_REQUESTS = 4096
 """The largest cluster-wide cap on requests in flight to one origin."""
 _MAX_THROTTLED = 16  # origins in one manifest's ``throttled``
-MAX_SPLIT = 4096
-"""Nodes one manifest's ``split`` may name."""
 _MAX_COUNT = (1 << 31) - 1
 _MAX_PAUSE = 3600.0  # seconds: a larger ``resume_in`` is a lie (and is capped when heeded)
 _HEX = re.compile(r"^[0-9a-f]+$")
@@ -308,28 +309,15 @@ def _offer(raw: object, i: int) -> FileOffer:
         last_modified=_optional_text(raw.get("last_modified"), f"{what}.last_modified"),
         done=_count(raw.get("done", 0), f"{what}.done", size),
         info_hash=_info_hash(raw.get("info_hash"), f"{what}.info_hash"),
-        ranges=_ranges(raw.get("ranges"), size, what),
+        ranges=_checked(parse_ranges, raw.get("ranges"), size, what),
     )
 
 
-def _ranges(raw: object, size: int, what: str) -> tuple[RangeOffer, ...]:
+def _checked(parse: Callable[..., T], *args: object) -> T:
     try:
-        return parse_ranges(raw, size, what)
+        return parse(*args)
     except ValueError as exc:
         raise ManifestError(str(exc)) from None
-
-
-def _split(raw: object) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_SPLIT:
-        raise ManifestError(f"split is not a list of 1 to {MAX_SPLIT} node ids")
-    for i, node in enumerate(raw):
-        if not isinstance(node, str) or not 0 < len(node) <= 64 or not _HEX.match(node):
-            raise ManifestError(f"split[{i}] is not a node id (at most 64 hex digits)")
-    if raw != sorted(set(raw)):
-        raise ManifestError("split is not in node order, or names a node twice")
-    return tuple(raw)
 
 
 def _throttled(raw: object) -> tuple[Throttled, ...]:
@@ -405,7 +393,7 @@ def parse(doc: object, peer: str, key: str) -> Manifest:
             state=state,
             files=offers,
             origin_requests=cap,
-            split=_split(doc.get("split")),
+            split=_checked(parse_split, doc.get("split")),
             throttled=_throttled(doc.get("throttled")),
         )
     except ManifestError as exc:
