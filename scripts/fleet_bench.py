@@ -179,7 +179,7 @@ class Bench:
         root = self.work / f"fleet{self.n}-{self.rounds}"
         self.fleet = Fleet(
             n, root, swarm=swarm, args=self.net.daemon_args(),
-            host_of=self.net.host_of, wrap=self.net.wrap,
+            host_of=self.net.host_of, wrap=self.net.wrap, ports=self.net.ports,
         )  # fmt: skip
         self.fleet.start()
         return self.fleet

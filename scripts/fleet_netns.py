@@ -58,6 +58,8 @@ class Loopback:
     def wrap(self, i: int) -> list[str]:
         return []
 
+    ports = None  # free ones, picked on loopback
+
     def daemon_args(self) -> list[str]:
         return ["--max-bandwidth", str(self.rate)] if self.rate else []
 
@@ -126,6 +128,13 @@ class Namespaces:
 
     def wrap(self, i: int) -> list[str]:
         return ["ip", "netns", "exec", self.spaces[i]]
+
+    def ports(self, i: int) -> tuple[int, int]:
+        """Fixed ports under the ephemeral range: each node has a namespace of its own, and
+        a free port asked for on the host's loopback may be the local end of a connection
+        a killed daemon left behind in the node's namespace ("address already in use" when
+        the next fleet starts there)."""
+        return 8470, 8471
 
     def daemon_args(self) -> list[str]:
         return []

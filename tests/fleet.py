@@ -183,6 +183,7 @@ class Fleet:
         host_of: Callable[[int], str] | None = None,
         wrap: Callable[[int], list[str]] | None = None,
         env: dict[str, str] | None = None,
+        ports: Callable[[int], tuple[int, int]] | None = None,
     ) -> None:
         self.root = Path(root)
         self.swarm = swarm
@@ -191,6 +192,7 @@ class Fleet:
         self.host_of = host_of or (lambda i: f"127.0.0.{10 + i}")
         self.wrap = wrap or (lambda i: [])
         self.env = env or {}
+        self.ports = ports
         self.nodes: list[Node] = []
         for _ in range(n):
             self.add()
@@ -217,9 +219,13 @@ class Fleet:
         host = self.host_of(i)
         cache = self.root / f"node{i}" / "cache"
         cache.parent.mkdir(parents=True, exist_ok=True)
-        bind = host if host.startswith("127.") else "127.0.0.1"
+        if self.ports is not None:
+            port, swarm_port = self.ports(i)
+        else:
+            bind = host if host.startswith("127.") else "127.0.0.1"
+            port, swarm_port = free_port(bind), free_port(bind)
         node = Node(
-            i, host, free_port(bind), free_port(bind), cache, cache.parent / "daemon.log",
+            i, host, port, swarm_port, cache, cache.parent / "daemon.log",
             token=self.token if token is None else token, listed=listed,
         )  # fmt: skip
         self.nodes.append(node)
