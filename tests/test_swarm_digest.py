@@ -182,7 +182,11 @@ def test_a_file_assembled_from_ranges_is_checked_against_the_hubs_sha256(
     def failed(node: Any) -> bool:
         return bool(node.model("bad")["status"] == "failed")
 
-    with Fleet(3, tmp_path / "fleet", swarm=True, args=ARGS, env=env) as fleet:
+    # No try but the ones asked for: a node's own retry 0.6 s after the refusal read the
+    # blob while the test wrote the true one, and failed with "changed on the server"
+    # just as the test asked it again.
+    slow = ["--retry-backoff", "600", "--retry-backoff-max", "600"]
+    with Fleet(3, tmp_path / "fleet", swarm=True, args=[*ARGS, *slow], env=env) as fleet:
         fleet.start()
         for i in range(3):
             fleet.post(i, url, "bad")
@@ -195,7 +199,9 @@ def test_a_file_assembled_from_ranges_is_checked_against_the_hubs_sha256(
             assert not [u for u in _entries(fleet[i].cache_dir) if u.endswith("model.safetensors")]
         blob.write_bytes(data)
         for i in range(3):
-            fleet.post(i, url, "bad")  # asked again: fetched again
+            fleet.post(i, url, "bad")  # asked again: fetched again, now
+        for i in range(3):
+            fleet.wait_for(fleet[i], lambda n: not failed(n), 30, "the fetch asked again")
         fleet.wait_all("bad", seconds=180)
         for i in range(3):
             (held,) = [

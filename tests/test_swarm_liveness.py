@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections import Counter
 
 import aiohttp
 import pytest
@@ -15,7 +16,7 @@ from aiohttp import web
 from aioloader.runtime.threads import Lane
 from aioloader.swarm.asking import Asker
 from aioloader.swarm.download import SwarmError
-from aioloader.swarm.followed import Answer, Followed
+from aioloader.swarm.followed import Answer, Followed, Polls
 from aioloader.swarm.proof import PeerProof
 
 KEY = "k" * 64
@@ -70,3 +71,90 @@ async def test_a_node_that_answers_late_is_given_the_stall_time() -> None:
         await runner.cleanup()
     assert "answered late or not at all for 3 s" in why
     assert took >= 3.0
+
+
+async def test_a_node_following_many_asks_each_in_turn_at_a_bounded_rate() -> None:
+    """A node following 30 others (a 32-node cold start) sends at most ``per_second``
+    asks a second in all, and asks each of them. Before: each followed node was asked
+    every 0.25 s while a fetch waited on it and every 0.5 s by its watch besides, about
+    180 asks a second from one node (and as many answered): the fleet's CPUs went to
+    asking, not to moving bytes."""
+    n, seconds, per_second = 30, 3.0, 16.0
+    asked: Counter[str] = Counter()
+    hold = asyncio.Event()
+
+    async def late(request: web.Request) -> web.Response:
+        asked[request.host] += 1
+        await hold.wait()
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_get("/v1/swarm/models/{key}", late)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    apis = []
+    for _ in range(n):
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        apis.append(f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}")  # type: ignore[union-attr]
+    polls = Polls(per_second)
+    try:
+        with Lane("ask", 1) as lane:
+            async with aiohttp.ClientSession() as client:
+                asker = Asker(client, PeerProof("t" * 32), "cd" * 16, "127.0.0.1:1", 0.2, lane)
+                follows = [
+                    Followed(Answer(api, NODE, None), KEY, asker.ask, 60.0, 60.0, polls=polls)
+                    for api in apis
+                ]
+                # What a fetch does: it watches each node and waits on each for a file.
+                work = [f.watch() for f in follows] + [f.offer("a.safetensors") for f in follows]
+                tasks = [asyncio.ensure_future(w) for w in work]
+                await asyncio.sleep(seconds)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait(tasks)
+    finally:
+        hold.set()
+        await runner.cleanup()
+    total = sum(asked.values())
+    assert total <= per_second * seconds + n, (total, asked)
+    assert set(asked) == set(apis), f"never asked: {set(apis) - set(asked)}"
+
+
+async def test_a_node_following_few_asks_each_every_quarter_second() -> None:
+    """Pacing does not slow a small fleet: two followed nodes are each asked about four
+    times a second (a range published is seen within 0.25 s)."""
+    asked: Counter[str] = Counter()
+
+    async def quick(request: web.Request) -> web.Response:
+        asked[request.host] += 1
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_get("/v1/swarm/models/{key}", quick)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    apis = []
+    for _ in range(2):
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        apis.append(f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}")  # type: ignore[union-attr]
+    try:
+        with Lane("ask", 1) as lane:
+            async with aiohttp.ClientSession() as client:
+                asker = Asker(client, PeerProof("t" * 32), "cd" * 16, "127.0.0.1:1", 0.2, lane)
+                polls = Polls()
+                follows = [
+                    Followed(Answer(api, NODE, None), KEY, asker.ask, 60.0, 60.0, polls=polls)
+                    for api in apis
+                ]
+                tasks = [asyncio.ensure_future(f.offer("a.safetensors")) for f in follows]
+                tasks += [asyncio.ensure_future(f.watch()) for f in follows]
+                await asyncio.sleep(2.0)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait(tasks)
+    finally:
+        await runner.cleanup()
+    for api in apis:
+        assert 5 <= asked[api] <= 9, asked  # about 8 in 2 s

@@ -54,7 +54,7 @@ from ..sources.base import Current
 from .admission import Admission
 from .asking import Asker
 from .deal import Deal, Lead, deal
-from .followed import Answer, Followed, known_torrent, watched
+from .followed import Answer, Followed, Polls, known_torrent, watched
 from .gentle import Heard, leading
 from .looking import cluster_view, own_view
 from .manifest import MAX_ORIGIN_REQUESTS, FileOffer, Manifest, State, file_name, model_key
@@ -124,6 +124,7 @@ class Coordinator(Offers):
         self._watch: asyncio.Task[None] | None = None
         self._client: aiohttp.ClientSession | None = None
         self._asker: Asker | None = None
+        self._polls = Polls()  # how often the nodes this one follows are asked
         self._apis: list[str] = []
 
     def __repr__(self) -> str:
@@ -340,6 +341,7 @@ class Coordinator(Offers):
         followed = Followed(
             lead.answer, key, self.ask, self.swarm.stall, self._gone(), self._torrent,
             late=(lambda api: api in asker.late) if asker is not None else lambda api: False,
+            polls=self._polls,
         )  # fmt: skip
         followed.fetch_range = self._asker.range_torrent if self._asker else None
         followed.others = list(lead.others)

@@ -9,13 +9,20 @@ a thread. libtorrent is imported here only (``libtorrent()``).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
 from ..errors import ConfigError
 from .libtorrent_types import Libtorrent, TorrentInfo
+
+T = TypeVar("T")
 
 __all__ = ["MIN_PIECE", "describe", "info_hash", "libtorrent", "make_torrent"]
 
@@ -63,6 +70,33 @@ def _info(torrent: bytes) -> TorrentInfo:
         raise ValueError(f"not a torrent ({exc})") from None
 
 
+def _remembered(parse: Callable[[bytes], T]) -> Callable[[bytes], T]:
+    """``parse``, a pure function of a torrent's bytes, remembering its last 1024 results
+    by a digest of the bytes (not the bytes: a torrent may be 32 MiB). The same torrents
+    are asked about all the time (each held file's on every look at what is seeded, a
+    peer's on each fetch), and libtorrent parses a whole torrent each time, on the
+    loop's thread. A torrent it refuses is not remembered; threads may ask at once."""
+    known: OrderedDict[bytes, T] = OrderedDict()
+    lock = threading.Lock()
+
+    @functools.wraps(parse)
+    def remembered(torrent: bytes) -> T:
+        key = hashlib.blake2b(torrent, digest_size=32).digest()
+        with lock:
+            if key in known:
+                known.move_to_end(key)
+                return known[key]
+        result = parse(torrent)
+        with lock:
+            known[key] = result
+            if len(known) > 1024:
+                known.popitem(last=False)
+        return result
+
+    return remembered
+
+
+@_remembered
 def describe(torrent: bytes) -> tuple[str, int]:
     """(file name, file size) of a one-file v2 private torrent.
 
@@ -83,6 +117,7 @@ def describe(torrent: bytes) -> tuple[str, int]:
     return str(layout.file_path(0)), int(layout.file_size(0))
 
 
+@_remembered
 def info_hash(torrent: bytes) -> str:
     """The v2 info hash, in hex."""
     return str(_info(torrent).info_hashes().v2)
