@@ -197,6 +197,22 @@ class Followed:
         finally:
             self._polls.leave(self)
 
+    async def _while_late(self, fetch: Callable[[], Awaitable[bytes | None]]) -> bytes | None:
+        """``fetch()``'s torrent, asked again while the node's answers time out (it took
+        the connection and answers late: a busy daemon) for the stall time at most; None
+        once it answers without one, refuses, or stays late. One late answer dropped the
+        node before, with every file it served: 82 drops in one cold start of 32 nodes,
+        and each dealt the model again."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while True:
+            raw = await fetch()
+            if raw is not None or not self._late(self.api) or self.gone is not None:
+                return raw
+            if loop.time() - start > self._stall:
+                return None
+            await asyncio.sleep(self._polls.interval())
+
     async def offer(self, name: str) -> FileOffer:
         def ready() -> FileOffer | None:
             return self.manifest.file(name) if self.manifest else None
@@ -214,7 +230,8 @@ class Followed:
         offer = await self._wait(ready, f"torrent of {name}")
         raw = self.torrents.get(name)
         if raw is None and self._fetch_torrent is not None:
-            raw = await self._fetch_torrent(self.api, offer)
+            fetch = self._fetch_torrent
+            raw = await self._while_late(lambda: fetch(self.api, offer))
         if raw is None:
             raise SwarmError(f"{self!r}: its torrent of {name} could not be had")
         self.torrents[name] = raw
@@ -253,7 +270,8 @@ class Followed:
         raw = None
         if self.fetch_range is not None:
             check = partial(check_range_torrent, name, size, offset, length, listed.info_hash)
-            raw = await self.fetch_range(self.api, listed.info_hash, check)
+            fetch_range, digest = self.fetch_range, listed.info_hash
+            raw = await self._while_late(lambda: fetch_range(self.api, digest, check))
         if raw is None:
             raise SwarmError(f"{self!r}: its torrent of the {what} could not be had")
         return raw
