@@ -141,6 +141,32 @@ def test_nodes_that_heard_different_answers_deal_one_split() -> None:
     assert deal(key, nodes[9], [answer(nodes[0], "following", split)], set()).pullers is None
 
 
+def test_nodes_that_dealt_at_once_cut_a_file_alike() -> None:
+    """Eight of 32 nodes dealt before any split was published, each by the 25 to 30
+    nodes it had heard, and kept its cut: a range of one cut was listed by no node of
+    another, and each read what nobody listed from the origin (22 to 32 copies of one
+    file). The cut follows the cluster as configured, so the offsets agree whoever
+    pulls; a node follows the range where it is listed (ranged.py)."""
+    from aioloader.swarm.asking import Answer
+    from aioloader.swarm.deal import deal
+
+    nodes = [f"{i:02x}" * 16 for i in range(32)]
+    key, name, size = "k" * 64, "m/model.safetensors", 128 * MiB
+
+    def cut(me: int, heard: int) -> list[tuple[int, int]]:
+        others = [n for n in nodes[:heard] if n != nodes[me]]
+        answers = [Answer(f"api-{n}", n, None, "10.0.0.1:1") for n in others]
+        dealt = deal(key, nodes[me], answers, set(), cap=60, cluster=32)
+        dealt.expect([name])
+        assert dealt.ranged() is not None
+        return spans(size, dealt.cuts())
+
+    cuts = {tuple(cut(me, heard)) for me, heard in [(0, 25), (1, 28), (2, 30), (3, 32)]}
+    assert len(cuts) == 1, [len(c) for c in cuts]
+    (one,) = cuts
+    assert len(one) == 32 and sum(n for _, n in one) == size
+
+
 def test_a_dead_puller_of_the_agreed_split_gets_no_whole_file() -> None:
     """The split stays the same on every try; a puller dropped (dead) is dealt no whole
     file (it would be followed for it), and its ranges go to the others (ranges.py)."""

@@ -304,7 +304,10 @@ class Coordinator(Offers):
         dead: set[str] = set()
         agreed: tuple[str, ...] = ()  # who pulls, once dealt: the same for every try
         while True:
-            dealt = deal(key, self.node, answers, dead, self.origin_requests, agreed)
+            # The peers listed (this node among them, or not: its own answer is left
+            # out), or the nodes heard and this one where more: alike on every node.
+            cluster = max(len(set(self._apis)), len({a.node for a in answers} | {self.node}))
+            dealt = deal(key, self.node, answers, dead, self.origin_requests, agreed, cluster)
             if self.manifests[key].state != "complete":
                 state: State = "following" if dealt.whole is not None else "fetching"
                 if dealt.whole is None:

@@ -41,6 +41,8 @@ class Deal:
             node this one has not heard from included; the others follow only.
         share: the requests in flight to the origin each puller may have (None: no
             cap): the cluster's cap shared out among the pullers.
+        cluster: the nodes of the cluster as configured (the peers listed, resolved; 0:
+            unknown): what a large file's cut follows (``cuts``).
     """
 
     key: str
@@ -51,6 +53,7 @@ class Deal:
     listed: dict[str, str] = field(default_factory=dict)
     pullers: list[str] | None = None
     share: int | None = None
+    cluster: int = 0
     _assigned: dict[str, str] = field(default_factory=dict, repr=False)
     _routed: set[str] = field(default_factory=set, repr=False)
     _weights: set[str] = field(default_factory=set, repr=False)  # the fetch's *.safetensors
@@ -88,9 +91,16 @@ class Deal:
         return sorted(pullers)
 
     def cuts(self) -> int:
-        """The ranges a large file is cut into: the pullers over the weight files
-        (rounded up), so the model's ranges are about one per puller."""
-        return -(-len(self._pullers()) // max(1, len(self._weights)))
+        """The ranges a large file is cut into: the cluster's nodes as configured (or the
+        pullers, where more) over the weight files, rounded up; about one range per
+        puller. Not the pullers alone: the nodes that dealt at the same moment, before
+        any split was published, each cut the file by the pullers it had heard (25 to 30
+        of 32), at offsets no other cut lists, and read what no node listed from the
+        origin (32 nodes: 22 to 32 copies of a one-file model). Cut alike, a range is
+        listed alike by whichever node pulls it, and a node follows the one that lists
+        it (ranged.py) when the owners it dealt differ."""
+        nodes = max(self.cluster, len(self._pullers()))
+        return -(-nodes // max(1, len(self._weights)))
 
     def start(self, name: str) -> int:
         """Where the ranges of the file ``name`` start in the turn round the pullers:
@@ -140,6 +150,7 @@ def deal(
     dead: set[str],
     cap: int | None = None,
     agreed: tuple[str, ...] = (),
+    cluster: int = 0,
 ) -> Deal:
     """The deal for the model ``key`` on node ``node``, from the other nodes'
     ``answers`` less the ``dead`` ones: a node that holds the model whole is followed
@@ -160,7 +171,8 @@ def deal(
     ``cap``: this node's cap on requests in flight to the origin, cluster-wide. The
     lowest cap of the split holds (each node publishes its own, so all deal alike);
     where it is below the number of nodes, the first ``cap`` of the model's ranking
-    pull and the rest follow; each puller may have ``cap // pullers`` in flight."""
+    pull and the rest follow; each puller may have ``cap // pullers`` in flight.
+    ``cluster``: the nodes configured (``Deal.cuts``)."""
     alive = [a for a in answers if a.node not in dead]
     swarms = [a.swarm for a in alive if a.swarm]
 
@@ -192,7 +204,9 @@ def deal(
         for offer in answer.manifest.files if answer.manifest else ():
             if offer.info_hash is not None or offer.name not in listed:
                 listed[offer.name] = answer.node
-    return Deal(key, node, cohort, leads, listed=listed, pullers=pullers, share=share)
+    return Deal(
+        key, node, cohort, leads, listed=listed, pullers=pullers, share=share, cluster=cluster
+    )
 
 
 def published(answers: list[Answer]) -> tuple[str, ...]:
