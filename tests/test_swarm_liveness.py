@@ -6,8 +6,10 @@ asker; no answer is faked."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections import Counter
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -20,24 +22,33 @@ from aioloader.swarm.followed import Answer, Followed, Polls
 from aioloader.swarm.manifest import FileOffer, Manifest
 from aioloader.swarm.proof import PeerProof
 
+from .peer_servers import serving
+
 KEY = "k" * 64
 NODE = "ab" * 16
+MODELS = "/v1/swarm/models/{key}"
+
+
+@contextlib.asynccontextmanager
+async def _asker(wait: float) -> AsyncIterator[Asker]:
+    """The real asker, its answers awaited ``wait`` seconds at most."""
+    with Lane("ask", 1) as lane:
+        async with aiohttp.ClientSession() as client:
+            yield Asker(client, PeerProof("t" * 32), "cd" * 16, "127.0.0.1:1", wait, lane)
 
 
 async def _watch_until_dropped(api: str, gone: float, stall: float) -> tuple[float, str]:
     """Seconds until a Followed watching ``api`` gives it up, and why."""
-    with Lane("ask", 1) as lane:
-        async with aiohttp.ClientSession() as client:
-            asker = Asker(client, PeerProof("t" * 32), "cd" * 16, "127.0.0.1:1", 0.3, lane)
-            followed = Followed(
-                Answer(api, NODE, None), KEY, asker.ask, stall, gone,
-                late=lambda a: a in asker.late,
-            )  # fmt: skip
-            loop = asyncio.get_running_loop()
-            start = loop.time()
-            with pytest.raises(SwarmError) as caught:
-                await asyncio.wait_for(followed.watch(), stall * 4)
-            return loop.time() - start, str(caught.value)
+    async with _asker(0.3) as asker:
+        followed = Followed(
+            Answer(api, NODE, None), KEY, asker.ask, stall, gone,
+            late=lambda a: a in asker.late,
+        )  # fmt: skip
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(SwarmError) as caught:
+            await asyncio.wait_for(followed.watch(), stall * 4)
+        return loop.time() - start, str(caught.value)
 
 
 async def test_a_refusing_port_is_dropped_after_the_gone_time() -> None:
@@ -58,18 +69,11 @@ async def test_a_node_that_answers_late_is_given_the_stall_time() -> None:
         await hold.wait()  # takes the connection, never answers in time
         return web.Response(status=503)
 
-    app = web.Application()
-    app.router.add_get("/v1/swarm/models/{key}", slow)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        took, why = await _watch_until_dropped(f"127.0.0.1:{port}", gone=1.0, stall=3.0)
-    finally:
-        hold.set()
-        await runner.cleanup()
+    async with serving(MODELS, [slow]) as (api,):
+        try:
+            took, why = await _watch_until_dropped(api, gone=1.0, stall=3.0)
+        finally:
+            hold.set()
     assert "answered late or not at all for 3 s" in why
     assert took >= 3.0
 
@@ -89,34 +93,23 @@ async def test_a_node_following_many_asks_each_in_turn_at_a_bounded_rate() -> No
         await hold.wait()
         return web.Response(status=503)
 
-    app = web.Application()
-    app.router.add_get("/v1/swarm/models/{key}", late)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    apis = []
-    for _ in range(n):
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        apis.append(f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}")  # type: ignore[union-attr]
     polls = Polls(per_second)
-    try:
-        with Lane("ask", 1) as lane:
-            async with aiohttp.ClientSession() as client:
-                asker = Asker(client, PeerProof("t" * 32), "cd" * 16, "127.0.0.1:1", 0.2, lane)
+    async with serving(MODELS, [late] * n) as apis:
+        try:
+            async with _asker(0.2) as asker:
                 follows = [
                     Followed(Answer(api, NODE, None), KEY, asker.ask, 60.0, 60.0, polls=polls)
                     for api in apis
                 ]
                 # What a fetch does: it watches each node and waits on each for a file.
-                work = [f.watch() for f in follows] + [f.offer("a.safetensors") for f in follows]
-                tasks = [asyncio.ensure_future(w) for w in work]
+                tasks = [asyncio.ensure_future(f.watch()) for f in follows]
+                tasks += [asyncio.ensure_future(f.offer("a.safetensors")) for f in follows]
                 await asyncio.sleep(seconds)
                 for task in tasks:
                     task.cancel()
                 await asyncio.wait(tasks)
-    finally:
-        hold.set()
-        await runner.cleanup()
+        finally:
+            hold.set()
     total = sum(asked.values())
     assert total <= per_second * seconds + n, (total, asked)
     assert set(asked) == set(apis), f"never asked: {set(apis) - set(asked)}"
@@ -131,32 +124,19 @@ async def test_a_node_following_few_asks_each_every_quarter_second() -> None:
         asked[request.host] += 1
         return web.Response(status=503)
 
-    app = web.Application()
-    app.router.add_get("/v1/swarm/models/{key}", quick)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    apis = []
-    for _ in range(2):
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        apis.append(f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}")  # type: ignore[union-attr]
-    try:
-        with Lane("ask", 1) as lane:
-            async with aiohttp.ClientSession() as client:
-                asker = Asker(client, PeerProof("t" * 32), "cd" * 16, "127.0.0.1:1", 0.2, lane)
-                polls = Polls()
-                follows = [
-                    Followed(Answer(api, NODE, None), KEY, asker.ask, 60.0, 60.0, polls=polls)
-                    for api in apis
-                ]
-                tasks = [asyncio.ensure_future(f.offer("a.safetensors")) for f in follows]
-                tasks += [asyncio.ensure_future(f.watch()) for f in follows]
-                await asyncio.sleep(2.0)
-                for task in tasks:
-                    task.cancel()
-                await asyncio.wait(tasks)
-    finally:
-        await runner.cleanup()
+    async with serving(MODELS, [quick, quick]) as apis:
+        async with _asker(0.2) as asker:
+            polls = Polls()
+            follows = [
+                Followed(Answer(api, NODE, None), KEY, asker.ask, 60.0, 60.0, polls=polls)
+                for api in apis
+            ]
+            tasks = [asyncio.ensure_future(f.offer("a.safetensors")) for f in follows]
+            tasks += [asyncio.ensure_future(f.watch()) for f in follows]
+            await asyncio.sleep(2.0)
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
     for api in apis:
         assert 5 <= asked[api] <= 9, asked  # about 8 in 2 s
 
@@ -173,20 +153,12 @@ async def test_a_torrent_answered_late_is_asked_again_for_the_stall_time() -> No
         await hold.wait()
         return web.Response(status=503)
 
-    app = web.Application()
-    app.router.add_get("/v1/swarm/torrents/{hash}", late)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    api = f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     offer = FileOffer("a.safetensors", "http://origin/a.safetensors", 1 << 20, info_hash="e" * 64)
-    manifest = Manifest(KEY, "http://origin/a.safetensors", NODE, "127.0.0.1:1", files=(offer,))
     stall = 2.0
-    try:
-        with Lane("ask", 1) as lane:
-            async with aiohttp.ClientSession() as client:
-                asker = Asker(client, PeerProof("t" * 32), "cd" * 16, "127.0.0.1:1", 0.2, lane)
+    async with serving("/v1/swarm/torrents/{hash}", [late]) as (api,):
+        manifest = Manifest(KEY, "http://origin/a.safetensors", NODE, "127.0.0.1:1", files=(offer,))
+        try:
+            async with _asker(0.2) as asker:
                 followed = Followed(
                     Answer(api, NODE, manifest), KEY, asker.ask, stall, 1.0, asker.torrent,
                     late=lambda a: a in asker.late,
@@ -196,8 +168,7 @@ async def test_a_torrent_answered_late_is_asked_again_for_the_stall_time() -> No
                 with pytest.raises(SwarmError, match="could not be had"):
                     await asyncio.wait_for(followed.torrent("a.safetensors"), stall * 4)
                 took = loop.time() - start
-    finally:
-        hold.set()
-        await runner.cleanup()
+        finally:
+            hold.set()
     assert took >= stall, took
     assert len(asked) >= 3, asked

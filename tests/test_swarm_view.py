@@ -29,6 +29,8 @@ from aioloader.swarm.view import (
     parse_node,
 )
 
+from .peer_servers import serving
+
 TOKEN = "5e0c2b9d71a4f8e36b1d0c9a7e52f4b8"
 KEY = "ab" * 32
 A, B, C, D = ("a1" * 16, "b2" * 16, "c3" * 16, "d4" * 16)
@@ -373,19 +375,8 @@ PEERS: dict[str, Handler] = {
 @pytest.fixture
 async def peers() -> AsyncIterator[dict[str, str]]:
     """Each kind of bad peer on its own port: kind -> its API address."""
-    runners, found = [], {}
-    for kind, handler in PEERS.items():
-        app = web.Application()
-        app.router.add_get("/v1/swarm/view", handler)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        found[kind] = f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    yield found
-    for runner in runners:
-        await runner.cleanup()
+    async with serving("/v1/swarm/view", list(PEERS.values())) as apis:
+        yield dict(zip(PEERS, apis, strict=True))
 
 
 async def test_bad_peers_are_listed_unreachable_within_the_wait_and_a_liar_flagged(
