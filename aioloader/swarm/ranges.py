@@ -5,10 +5,11 @@ Every node computes the same ranges and the same owner for each, from the file's
 (the origin's, asked by every node), the split's pullers (deal.py) and the pullers it
 knows are gone: pure functions, no I/O, no clock. A file under ``RANGED_FROM`` stays
 whole (one puller, deal.py's file deal); a larger one is cut into piece-aligned ranges
-of about ``size / cuts`` (at most ``MAX_RANGE``; ``cuts``, the pullers over the
-model's weight files, deal.py), and the ranges of the model's files, one file after
-the other, go round the model's ranking of the pullers (rendezvous.py): every puller
-reads about a 1/n of the model from the origin, whatever the file count. The ranges of a
+of about ``size / cuts`` (at most ``MAX_RANGE``; ``cuts``, the cluster's nodes as
+configured over the model's weight files, deal.py), and the ranges of the model's
+files, one file after the other, go round the model's ranking of the pullers
+(rendezvous.py): every puller reads about a 1/n of the model from the origin, whatever
+the file count. The ranges of a
 puller that is gone go to the pullers left, in turn, in the same ranking: every
 survivor re-deals alike, and the ranges of the pullers alive keep their owner.
 """
