@@ -45,25 +45,13 @@ class Polls:
 
     def __init__(self, per_second: float = POLLS_PER_SECOND) -> None:
         self.per_second = per_second
-        self._watching: dict[int, int] = {}  # id(Followed) -> watches running on it
+        self.watched = 0  # followed nodes watched now (``Followed.watch``)
 
     def __repr__(self) -> str:
-        return f"<Polls {len(self._watching)} nodes every {self.interval():.2f} s>"
+        return f"<Polls {self.watched} nodes every {self.interval():.2f} s>"
 
     def interval(self) -> float:
-        return max(_POLL, len(self._watching) / self.per_second)
-
-    def enter(self, followed: object) -> None:
-        key = id(followed)
-        self._watching[key] = self._watching.get(key, 0) + 1
-
-    def leave(self, followed: object) -> None:
-        key = id(followed)
-        left = self._watching.get(key, 0) - 1
-        if left > 0:
-            self._watching[key] = left
-        else:
-            self._watching.pop(key, None)
+        return max(_POLL, self.watched / self.per_second)
 
 
 class Followed:
@@ -183,7 +171,7 @@ class Followed:
         time: taken for dead, it had every node that followed it deal its ranges again,
         85 times in one cold start."""
         loop = asyncio.get_running_loop()
-        self._polls.enter(self)
+        self._polls.watched += 1
         try:
             while True:
                 await asyncio.sleep(self._polls.interval())
@@ -195,7 +183,7 @@ class Followed:
                     why = "answered late or not at all" if late else "not answered"
                     raise SwarmError(f"{self!r} has {why} for {bound:g} s")
         finally:
-            self._polls.leave(self)
+            self._polls.watched -= 1
 
     async def _while_late(self, fetch: Callable[[], Awaitable[bytes | None]]) -> bytes | None:
         """``fetch()``'s torrent, asked again while the node's answers time out (it took
