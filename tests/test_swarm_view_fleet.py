@@ -86,11 +86,14 @@ def test_the_view_of_a_fetch_running_a_node_killed_and_done(
         assert len(empty["nodes"]) == 3 and empty["unreachable"] == []
         assert all(n["models"] == [] for n in empty["nodes"])
 
-        # A cold fetch held halfway by the origin: the nodes pull their share, and follow.
-        origin.hold_after(model.size // 2)
+        # A cold fetch held by the origin a quarter in: the nodes pull their share, and
+        # follow. Held halfway, the origin stopped at about the end of one of the two
+        # shards: a puller that started first had its whole shard (it holds it), the
+        # other was held before its first byte (waiting), and no node was shown pulling.
+        origin.hold_after(model.size // 4)
         for i in range(3):
             fleet.post(i, url, "llm")
-        fleet.wait_for(first, lambda _: origin.paused, 30, "the origin to hold halfway")
+        fleet.wait_for(first, lambda _: origin.paused, 30, "the origin to hold")
         fleet.wait_for(
             first,
             lambda n: any(f["role"] == "origin" for f in _files(_view(n))),
