@@ -53,18 +53,19 @@ from ..settings.options import LoadOptions
 from ..sources.base import Current
 from .admission import Admission
 from .asking import Asker
-from .deal import Deal, Lead, deal
+from .deal import Lead, deal, published
 from .followed import Answer, Followed, Polls, known_torrent, watched
 from .gentle import Heard, leading
+from .hearing import hear
 from .looking import cluster_view, own_view
-from .manifest import MAX_ORIGIN_REQUESTS, FileOffer, Manifest, State, file_name, model_key
+from .manifest import FileOffer, Manifest, State, file_name, model_key
 from .offers import Offers
 from .peers import PeerAddress
 from .proof import PeerProof
-from .ranged import Split
+from .routes import Routes
 from .session import Swarm, SwarmError
 from .supply import Reads, SwarmSupply
-from .survey import survey
+from .survey import confirmed, survey
 from .view import ClusterView, NodeView, parse_one
 
 if TYPE_CHECKING:
@@ -222,7 +223,7 @@ class Coordinator(Offers):
 
     # -- one try of a fetch ----------------------------------------------------------------
 
-    def _supply(self, key: str, reads: Reads, route: _Route, cache: ModelCache) -> SwarmSupply:
+    def _supply(self, key: str, reads: Reads, route: Routes, cache: ModelCache) -> SwarmSupply:
         """A try's supply: its files from the nodes ``route`` follows, the cache, or the
         origin; each committed file offered to the peers."""
 
@@ -308,16 +309,24 @@ class Coordinator(Offers):
             # out), or the nodes heard and this one where more: alike on every node.
             cluster = max(len(set(self._apis)), len({a.node for a in answers} | {self.node}))
             dealt = deal(key, self.node, answers, dead, self.origin_requests, agreed, cluster)
+            own = not agreed and not published(answers) and len(dealt.cohort) > 1
             if self.manifests[key].state != "complete":
                 state: State = "following" if dealt.whole is not None else "fetching"
                 if dealt.whole is None:
                     agreed = tuple(sorted(dealt.pullers or dealt.cohort))
                 split = agreed if state == "fetching" else ()
                 self.manifests[key] = replace(self.manifests[key], state=state, split=split)
+                if own and state == "fetching":  # dealt its own: another may come first
+                    answers, agreed = await confirmed(
+                        self.node, key, self.wait, agreed, answers, self._peers, self.ask
+                    )
+                    self.manifests[key] = replace(self.manifests[key], split=agreed)
+                    continue
             logger.info("%s: %s", url, dealt)
-            route = _Route(dealt, {n: self._followed(key, lead) for n, lead in dealt.leads.items()})
+            route = Routes(dealt, {n: self._followed(key, lead) for n, lead in dealt.leads.items()})
             supply = self.supplies[key] = self._supply(key, reads, route, cache)
             fetching = options if dealt.whole is not None else leading(options, dealt.share)
+            hearing = self._hearing(key, route, answers)
             try:
                 work = cache.fetch(where, options=fetching, progress=progress, supply=supply)
                 followed = list(route.followed.values())
@@ -334,6 +343,11 @@ class Coordinator(Offers):
                 answers = await self._survey(key)
                 dead |= {a.node for a in answers if a.manifest is None}
                 continue
+            finally:
+                hearing.cancel()
+                await asyncio.wait([hearing])
+                if not hearing.cancelled() and hearing.exception() is not None:
+                    logger.warning("%s: asking the unheard: %r", url, hearing.exception())
             break
         await self._seed_all(key, cached)
         self.manifests[key] = replace(self.manifests[key], state="complete")
@@ -351,6 +365,26 @@ class Coordinator(Offers):
         followed.share = lead.share
         return followed
 
+    def _hearing(self, key: str, route: Routes, answers: list[Answer]) -> asyncio.Task[None]:
+        """Asks the peers silent so far while the try runs, for the pullers of its split
+        not heard yet (hearing.py); their ranges wait meanwhile."""
+        pullers, asker = route.deal.ranged() or [], self._asker
+        assert asker is not None, "used outside its async with"
+        answered = {a.api for a in answers}
+        silent = [api for api in self._apis if api not in answered]
+
+        def follow(answer: Answer) -> Followed:
+            route.followed[answer.node] = self._followed(key, route.deal.lead(answer))
+            return route.followed[answer.node]
+
+        route.hearing.open = bool(silent and set(pullers) - set(route.followed) - {self.node})
+        return asyncio.get_running_loop().create_task(
+            hear(route.hearing, pullers, lambda: set(route.followed) | {self.node}, silent,
+                 lambda api: self.ask(api, key), follow, self._gone(), self.swarm.stall,
+                 lambda api: api in asker.late, self._polls.interval),
+            name=f"aioloader hearing {key[:8]}",
+        )  # fmt: skip
+
     async def _survey(self, key: str) -> list[Answer]:
         return await survey(self.node, key, self.wait, self._peers, self.ask)
 
@@ -358,27 +392,3 @@ class Coordinator(Offers):
         """Seconds without an answer after which a followed node is taken for dead: three
         asks' worth, at least 3 s (a daemon answers at once, its loop never blocks)."""
         return max(3 * self.wait, 3.0)
-
-
-class _Route:
-    """A deal's routes as a fetch's supply asks them: the node followed for a file."""
-
-    def __init__(self, deal: Deal, followed: dict[str, Followed]) -> None:
-        self.deal, self.followed = deal, followed
-        self.gate = asyncio.Semaphore(deal.share or MAX_ORIGIN_REQUESTS)  # ranged.py
-
-    def __repr__(self) -> str:
-        return str(self.deal)
-
-    def __call__(self, name: str) -> Followed | None:
-        node = self.deal.route(name)
-        return None if node is None else self.followed[node]
-
-    def expect(self, names: list[str]) -> None:
-        self.deal.expect(names)
-
-    def ranged(self) -> Split | None:
-        pullers, deal, gate = self.deal.ranged(), self.deal, self.gate
-        if pullers is None:
-            return None
-        return Split(deal.key, deal.node, pullers, self.followed, gate, deal.cuts(), deal.start)

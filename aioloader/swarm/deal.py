@@ -71,6 +71,13 @@ class Deal:
             )
         return f"splitting the files among {len(self.cohort)} nodes"
 
+    def lead(self, answer: Answer) -> Lead:
+        """A ``Lead`` for a node of the split heard only after the deal (hearing.py)."""
+        swarms = [a.answer.swarm for a in self.leads.values() if a.answer.swarm]
+        others = tuple(s for s in swarms if s != answer.swarm)
+        nodes = sorted(set(self.cohort) | {answer.node})
+        return Lead(answer, share_of(self.node, nodes, answer.node), others)
+
     def _pullers(self) -> list[str]:
         return self.cohort if self.pullers is None else self.pullers
 
@@ -209,15 +216,16 @@ def deal(
     )
 
 
-def published(answers: list[Answer]) -> tuple[str, ...]:
-    """The split the nodes that answered publish, agreed: of several, the longest, then
-    the first in node order (every node that sees the same picks the same); () if none."""
+def published(answers: list[Answer], own: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The split the nodes that answered publish, agreed: of several (``own``, this
+    node's, among them), the longest, then the first in node order (every node that
+    sees the same picks the same); () if none."""
     splits = [
         a.manifest.split
         for a in answers
         if a.manifest is not None and a.manifest.state == "fetching" and a.manifest.split
     ]
-    return min(splits, key=lambda s: (-len(s), s), default=())
+    return min([*splits, *([own] if own else [])], key=lambda s: (-len(s), s), default=())
 
 
 def share_of(node: str, nodes: list[str], followed: str) -> tuple[int, int]:

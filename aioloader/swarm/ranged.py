@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..cache.supply import Arrival, Delivery
@@ -36,6 +36,7 @@ from ..sources.digests import Digest
 from .counts import Reads
 from .download import Download, SwarmError, SwarmStalled
 from .followed import Followed, NotListed
+from .hearing import Hearing
 from .manifest import FileOffer, torrent_name
 from .pulling import CHUNK, OriginFile, pull
 from .range_torrents import info_only, make_range_torrent
@@ -64,12 +65,15 @@ class Split:
     cuts: int = 0  # the ranges a file is cut into (0: one per puller)
     start: Callable[[str], int] = lambda name: 0  # where a file's ranges start (deal.py)
 
+    hearing: Hearing = field(default_factory=Hearing)  # the unheard pullers (hearing.py)
+
     def gone(self) -> set[str]:
-        """The nodes gone, and the pullers this node never heard from (the split is
-        agreed, the answers each node got are not): their ranges are dealt again."""
+        """The nodes gone, and the pullers this node never heard from once it stopped
+        asking for them (the split is agreed, the answers each node got are not): their
+        ranges are dealt again. While they are asked for, their ranges wait."""
         went = {n for n, f in self.followed.items() if f.gone is not None}
         unheard = {n for n in self.pullers if n != self.node and n not in self.followed}
-        return went | unheard
+        return went | self.hearing.gone(unheard)
 
 
 class Ranged(Delivery):
@@ -228,7 +232,10 @@ class Ranged(Delivery):
             while True:
                 who = self.owner(i)
                 follow = self.split.followed.get(who)
-                if who in ("", self.split.node) or follow is None:
+                if follow is None and who not in ("", self.split.node):
+                    await asyncio.sleep(_ADOPT)  # its puller unheard yet, asked again
+                    continue
+                if follow is None:
                     await self._pull(i)
                     break
                 try:

@@ -17,7 +17,7 @@ from typing import TypeVar
 from .asking import Answer
 from .deal import published
 
-__all__ = ["SETTLE", "survey"]
+__all__ = ["SETTLE", "confirmed", "survey"]
 
 T = TypeVar("T")
 
@@ -50,6 +50,28 @@ async def survey(
         if not ((silent and waited < SETTLE) or (dealer and waited < 2 * SETTLE)):
             return answers
         await asyncio.sleep(min(wait, 0.25) if dealer else wait)
+
+
+async def confirmed(
+    node: str,
+    key: str,
+    wait: float,
+    own: tuple[str, ...],
+    answers: list[Answer],
+    peers: Callable[[], Awaitable[list[str]]],
+    ask: Callable[[str, str], Awaitable[Answer | None]],
+) -> tuple[list[Answer], tuple[str, ...]]:
+    """The split a node that dealt its own (``own``, published already: no other was)
+    takes, ``wait`` seconds on, once every peer is asked again: its own, or another
+    published meanwhile that comes first (deal.published); and the answers, the new in
+    place of the old. Nodes that dealt at once each kept their own split before (9 of
+    32, each by the 24 to 31 nodes it had heard): the owners of one file's ranges
+    differed from node to node, and each read from the origin what no owner listed."""
+    await asyncio.sleep(wait)
+    found = await gathered(ask(api, key) for api in await peers())
+    fresh = {a.node: a for a in found if a is not None and a.node != node}
+    merged = [fresh.pop(a.node, a) for a in answers] + list(fresh.values())
+    return merged, published(merged, own)
 
 
 async def gathered(coros: Iterable[Awaitable[T]]) -> list[T]:
