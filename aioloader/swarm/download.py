@@ -74,6 +74,7 @@ class Download:
         self._looked = 0.0
         self._connected = 0.0
         self._peers: list[tuple[str, int]] = []
+        self._connected_peers = 0  # as last looked at
         self._lock = asyncio.Lock()
         self.bytes_from_peers = 0
         self.progress = 0.0
@@ -104,6 +105,7 @@ class Download:
                 with contextlib.suppress(RuntimeError):
                     handle.connect_peer(peer)
         error = status.errc.message() if status.errc.value() else None
+        self._connected_peers = int(status.num_peers)
         self._piece = self._piece or handle.torrent_file().piece_length()
         return (
             list(status.pieces),
@@ -128,7 +130,8 @@ class Download:
             elif time.monotonic() - self._moved > stall:
                 raise SwarmStalled(
                     f"swarm download {self.info_hash[:12]}: no piece for {stall:g} s "
-                    f"({self.progress:.0%} done)"
+                    f"({self.progress:.0%} done, {self._connected_peers} of "
+                    f"{len(self._peers)} peers connected)"
                 )
 
     def _check_writes(self) -> None:
