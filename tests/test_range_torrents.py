@@ -22,6 +22,7 @@ from aioloader.swarm.range_torrents import (
     describe_range,
     info_only,
     make_range_torrent,
+    served,
 )
 from aioloader.swarm.session import Swarm
 from aioloader.swarm.settings_pack import settings_pack
@@ -294,6 +295,66 @@ async def test_followers_of_one_seeder_trade_the_range(tmp_path: Path, swarms: l
     assert sum(traded) > 0, "no follower sent a piece to another"
     assert sent + sum(traded) >= 3 * length
     assert sent < 3 * length  # the seeder's range left it fewer than three times
+
+
+async def test_followers_sharing_a_slow_seeder_all_get_the_range_as_served(
+    tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    """Three followers of a 16 MiB range at the end of a 1 GiB file (1 MiB pieces), from
+    a seeder sending 5 MB/s: given the info dict alone, all three lost the seeder after
+    their first pieces, every time ("no piece for 10 s (1% done, 2 of 3 peers
+    connected)"); given the torrent as ``served`` (its piece layers with it), they finish."""
+    piece = 1 << 20
+    size = (1 << 30) + 376
+    offset = size - (16 << 20) - 376
+    length = size - offset
+    data = os.urandom(length)
+    files = []
+    for name in ("s", "f0", "f1", "f2"):
+        path = tmp_path / name / "data.partial"
+        path.parent.mkdir()
+        with open(path, "wb") as file:
+            file.truncate(size)  # sparse: a file being written
+        files.append(path)
+    with open(files[0], "r+b") as file:
+        file.seek(offset)
+        file.write(data)
+    torrent = await _torrent(files[0], offset, length, size, piece)
+    given = served(torrent)
+    assert given == torrent  # 1024 pieces: 32 KiB of layer, given whole
+    hosts = [f"127.0.0.{56 + i}" for i in range(4)]
+    nodes = []
+    for i, host in enumerate(hosts):
+        node = Swarm(host, 0, stall=10, rate=5_000_000 if i == 0 else 0)
+        swarms.append(node)
+        await node.start()
+        await node.allow(hosts)
+        nodes.append(node)
+    await nodes[0].seed_range(torrent, files[0])
+    everyone = [(host, node.port) for host, node in zip(hosts, nodes, strict=True)]
+    downloads = [
+        await nodes[i].download_range(given, files[i], [a for a in everyone if a[0] != hosts[i]])
+        for i in (1, 2, 3)
+    ]
+    async with asyncio.timeout(90):
+        for download in downloads:
+            await download.wait_range(offset, offset + length)
+    for path, download in zip(files[1:], downloads, strict=True):
+        await download.aclose()
+        with open(path, "rb") as file:
+            file.seek(offset)
+            assert file.read() == data
+
+
+def test_a_range_torrent_is_served_whole_up_to_a_bound(tmp_path: Path) -> None:
+    path = tmp_path / "sparse.partial"
+    with open(path, "wb") as file:
+        file.truncate(100 << 30)
+    small = make_range_torrent(path, 40 << 30, 64 << 20, 100 << 30, NAME, 16 << 20)
+    large = make_range_torrent(path, 40 << 30, 64 << 20, 100 << 30, NAME, 1 << 20)
+    assert len(small) <= rt.SERVED_WHOLE < len(large)
+    assert served(small) == small
+    assert served(large) == info_only(large)
 
 
 # -- 6: hostile ---------------------------------------------------------------------------

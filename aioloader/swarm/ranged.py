@@ -39,7 +39,7 @@ from .followed import Followed, NotListed
 from .hearing import Hearing
 from .manifest import FileOffer, torrent_name
 from .pulling import CHUNK, OriginFile, pull
-from .range_torrents import info_only, make_range_torrent
+from .range_torrents import make_range_torrent, served
 from .ranges import MAX_RANGE, PIECE, RangeOffer, owner, spans
 from .session import Swarm
 from .torrents import info_hash
@@ -314,13 +314,13 @@ class Ranged(Delivery):
             torrent = await run_blocking(
                 self.lane, lambda: make_range_torrent(path, offset, length, size, name, PIECE)
             )
-            served = await run_blocking(self.lane, lambda: info_only(torrent))
+            given = await run_blocking(self.lane, lambda: served(torrent))
             await self.swarm.seed_range(torrent, path)
         except (OSError, ValueError, SwarmError) as exc:
             logger.warning("%s: not offered to peers: %s", self._what(i), exc)
             return
         self._mine[i] = torrent
-        self._show(i, RangeOffer(offset, length, length, info_hash(torrent), torrent, served))
+        self._show(i, RangeOffer(offset, length, length, info_hash(torrent), torrent, given))
 
     def _show(self, i: int, one: RangeOffer) -> None:
         ranges = [r for r in self.offer.ranges if r.offset != one.offset]

@@ -81,8 +81,8 @@ def owner(
 class RangeOffer:
     """One range of a file in a manifest: its bytes ``[offset, offset + length)``, the
     bytes its puller has read of it (``done``), and its range torrent's info hash once
-    written and seeded. ``torrent`` (the full torrent, seeded here) and ``served`` (its
-    info dict alone, what a peer fetches by the info hash) are this node's only."""
+    written and seeded. ``torrent`` (the full torrent, seeded here) and ``served`` (what a
+    peer fetches by the info hash: range_torrents.py's ``served``) are this node's only."""
 
     offset: int
     length: int
