@@ -24,6 +24,8 @@ from aioloader import DigestMismatchError, Loader, ReadError, wait_hf_cache
 from aioloader.devices.staged import HostCopyEngine, StagedDevice
 from aioloader.runtime.threads import Lanes
 from aioloader.sinks import commits
+from aioloader.sinks.hf import blob_through
+from aioloader.sinks.hf.blob_through import TemporaryBlob
 from aioloader.sinks.hf.blob_writer import WeightFile
 from aioloader.sinks.hf.sink import filling
 from aioloader.sources.file import FileSource
@@ -107,6 +109,31 @@ async def test_a_staged_load_fills_the_cache_huggingface_hub_writes(
     async with _loader() as loader:
         assert_matches_files(await loader.load(f"hf://{REPO}"), *shards)
     assert len(hub.storage.requests) == before
+
+
+async def test_the_commit_takes_the_load_s_digest_and_hashes_no_blob_again(
+    hub: LocalHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every byte of a staged load is hashed once, as it arrives (sources/verifying.py):
+    the commit makes no second pass (it hashed each blob again from disk, 0.75-0.9 s of a
+    core a GiB)."""
+    _, folder = _repo(tmp_path, hub)
+    passes: list[str] = []
+    real = blob_through.blob_digest
+
+    def counted(blob_id: str, size: int) -> object:
+        passes.append(blob_id)
+        return real(blob_id, size)
+
+    monkeypatch.setattr(blob_through, "blob_digest", counted)
+    async with _loader() as loader:
+        got = await loader.load(f"hf://{REPO}")
+    await wait_hf_cache()
+    assert passes == []
+    shards = _shards(folder)
+    assert_matches_files(got, *shards)
+    for shard in shards:
+        assert _blob(tmp_path, shard).read_bytes() == shard.read_bytes()
 
 
 async def test_a_corrupted_blob_is_never_committed(hub: LocalHub, tmp_path: Path) -> None:
@@ -278,4 +305,34 @@ async def test_ranges_read_twice_and_overlapping_make_one_right_blob(tmp_path: P
     assert all(b == data[s:e] for (s, e), b in zip(ranges, buffers, strict=True))
     assert cache.blob(blob_id).read_bytes() == data
     assert cache.file(snapshot.sha, "m.safetensors").read_bytes() == data
+    assert not list(cache.root.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("again", ["the same bytes", "other bytes"])
+def test_a_range_written_twice_is_taken_as_checked_only_with_the_same_bytes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, again: str
+) -> None:
+    """The load checked the digest of the bytes it read first; a range written again (a
+    header read twice) with the same bytes leaves the file as checked, committed with no
+    second pass; with other bytes (a server that changed its answer) the file is hashed
+    from disk and refused, though the load's check passed."""
+    data = random.Random(3).randbytes(300_000)
+    blob_id = hashlib.sha256(data).hexdigest()
+    cache = HfCache(tmp_path / "hf-cache", REPO)
+    snapshot = Snapshot(REPO, "main", "a" * 40, {"m.safetensors": len(data)})
+    file = TemporaryBlob(WeightFile(cache, snapshot, "m.safetensors", len(data), blob_id))
+    file.write(0, [memoryview(data)])
+    header = bytearray(data[:4096])
+    if again == "other bytes":
+        header[100] ^= 0xFF
+    file.write(0, [memoryview(header)[:1000], memoryview(header)[1000:]])
+    with caplog.at_level(logging.WARNING):
+        committed = file.publish(checked=True)
+    assert committed is (again == "the same bytes")
+    assert file.rewritten is (again == "other bytes")
+    if committed:
+        assert cache.blob(blob_id).read_bytes() == data
+    else:
+        assert not cache.blob(blob_id).exists()
+        assert "do not match the digest the Hub publishes" in caplog.text
     assert not list(cache.root.rglob("*.tmp"))

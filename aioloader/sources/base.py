@@ -48,6 +48,12 @@ class Blob(ABC):
         when it was not read through a cache."""
         return None
 
+    @property
+    def checked(self) -> str | None:
+        """The publisher's digest that every byte of the file was hashed against and
+        matched (sources/verifying.py), once it did; None: not checked, or not yet."""
+        return None
+
     def received(self, offset: int, buffers: Sequence[memoryview]) -> None:  # noqa: B027
         """Bytes of this file that reached the caller another way (another rank of a
         ``group=`` load sent them), offered as if read here: a cache keeps them. Here:
@@ -95,6 +101,10 @@ class ForwardingBlob(Blob):
     @property
     def cache_outcome(self) -> CacheOutcome | None:
         return self.inner.cache_outcome
+
+    @property
+    def checked(self) -> str | None:
+        return self.inner.checked
 
     def received(self, offset: int, buffers: Sequence[memoryview]) -> None:
         self.inner.received(offset, buffers)

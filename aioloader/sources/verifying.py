@@ -142,6 +142,11 @@ class VerifyingBlob(ForwardingBlob):
     def __repr__(self) -> str:
         return f"<verifying {self.inner!r} {self.digest.algorithm} hashed={self._hashed}>"
 
+    @property
+    def checked(self) -> str | None:
+        actual = self._actual
+        return actual if actual is not None and actual == self.digest.value else None
+
     async def read_bytes(self, offset: int, length: int) -> bytes:
         data = await self.inner.read_bytes(offset, length)
         await self._arrive(offset, [memoryview(data)], kept=True)

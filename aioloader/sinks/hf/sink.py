@@ -3,9 +3,11 @@
 ``HubSink`` is the Hugging Face cache's ``Sink`` (sinks/base.py), fed by the
 ``FillingBlob`` that ``HfCacheWrites`` (cache_writes.py) hands out. A staged (GPU)
 load writes each range through into a temporary file in ``blobs/`` before its read
-returns (blob_through.py); a load into host memory keeps the ranges it read, views
-of the caller's tensors and the header's bytes, written after the load
-(blob_writer.py). Either way, once the blob is closed, a commit thread
+returns (blob_through.py), and the digest the load checked is the commit's; a load
+into host memory keeps the ranges it read, views of the caller's tensors and the
+header's bytes, written and hashed after the load (blob_writer.py; written through,
+each read waiting for its write, the loads of scripts/hf_bench.py took 1.57 s, not
+1.28). Either way, once the blob is closed, a commit thread
 (sinks/commits.py, keyed by the hub cache's folder) commits the file when it was
 read whole and its digest is the one the Hub publishes, and links the snapshot's
 file to it; anything else leaves no file under a final name.
@@ -62,8 +64,11 @@ class HubSink(Sink):
         target, file, self._file = self.target, self._file, None
         if file is not None:
             whole = self.caching and self.written.covers(0, target.size)
-            end = file.publish if whole else file.discard
-            commits.submit(target.cache.root, lambda: target.settle(end))
+            checked = blob.checked == target.blob_id  # the load hashed these bytes
+            commits.submit(
+                target.cache.root,
+                lambda: target.settle(lambda: file.publish(checked) if whole else file.discard()),
+            )
             return
         # Whatever the load did: a file not read whole, or not the Hub's bytes, is not
         # written (write_blob), and one committed meanwhile is linked.
