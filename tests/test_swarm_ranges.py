@@ -17,7 +17,7 @@ import pytest
 from aioloader.swarm.manifest import ManifestError, model_key, parse
 from aioloader.swarm.proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof
 from aioloader.swarm.range_torrents import make_range_torrent
-from aioloader.swarm.ranges import MAX_RANGE, PIECE, RANGED_FROM, owner, spans
+from aioloader.swarm.ranges import MAX_RANGE, PIECE, RANGED_FROM, adopted, owner, spans
 from aioloader.swarm.torrents import info_hash
 
 from .daemon_helpers import TOKEN, free_port, single_file
@@ -87,6 +87,17 @@ def test_weight_files_as_many_as_the_pullers_are_dealt_whole_fewer_cut_round_all
     assert [a for a, b in zip(after, owners, strict=True) if b != gone] == [
         b for b in owners if b != gone
     ]
+
+
+def test_a_split_under_way_keeps_the_ranges_listed_and_cuts_the_gaps() -> None:
+    size = 3 * MAX_RANGE + 5
+    listed = [(MAX_RANGE, 10 * PIECE), (MAX_RANGE + 5 * PIECE, PIECE)]  # the second overlaps
+    got = adopted(listed, size)
+    assert got[:2] == [(0, MAX_RANGE), (MAX_RANGE, 10 * PIECE)]
+    assert (MAX_RANGE + 5 * PIECE, PIECE) not in got
+    assert all(0 < n <= MAX_RANGE for _, n in got)
+    assert [o for o, _ in got] == sorted(o for o, _ in got)
+    assert sum(n for _, n in got) == size and got[-1][0] + got[-1][1] == size
 
 
 def test_nodes_that_heard_different_answers_deal_one_split() -> None:

@@ -40,7 +40,7 @@ from .hearing import Hearing
 from .manifest import FileOffer, torrent_name
 from .pulling import CHUNK, OriginFile, pull
 from .range_torrents import make_range_torrent, served
-from .ranges import MAX_RANGE, PIECE, RangeOffer, owner, spans
+from .ranges import PIECE, RangeOffer, adopted, owner, spans
 from .session import Swarm
 from .torrents import info_hash
 from .view import RangeView
@@ -110,7 +110,7 @@ class Ranged(Delivery):
         self._start = split.start(name)
         listed = self._listed()
         if listed and not set(listed) <= set(self.spans):  # it joins a split under way
-            self.spans = _adopted(sorted(listed), self.size)
+            self.spans = adopted(sorted(listed), self.size)
         loop = asyncio.get_running_loop()
         self._written = [loop.create_future() for _ in self.spans]
         self._mine: dict[int, bytes] = {}  # range -> its torrent, seeded here
@@ -381,21 +381,3 @@ class Ranged(Delivery):
             mine, self._mine = list(self._mine.values()), {}
             for torrent in mine:
                 await self.swarm.remove(info_hash(torrent))
-
-
-def _adopted(listed: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
-    """The ranges of a split under way: those listed (the first of any that overlap),
-    and the gaps between them cut as ``spans`` cuts a file."""
-    found: list[tuple[int, int]] = []
-    at = 0
-    for offset, length in [*listed, (size, 0)]:
-        if offset < at:
-            continue
-        while at < offset:
-            n = min(MAX_RANGE, offset - at)
-            found.append((at, n))
-            at += n
-        if length:
-            found.append((offset, length))
-        at = offset + length
-    return found

@@ -28,6 +28,7 @@ __all__ = [
     "MAX_RANGES",
     "RANGED_FROM",
     "RangeOffer",
+    "adopted",
     "owner",
     "parse_ranges",
     "spans",
@@ -142,3 +143,21 @@ def _disjoint(found: Iterable[RangeOffer], what: str) -> None:
         if one.offset < end:
             raise ValueError(f"{what}.ranges overlap at byte {one.offset}")
         end = one.offset + one.length
+
+
+def adopted(listed: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """The ranges of a split under way: those listed (the first of any that overlap),
+    and the gaps between them cut as ``spans`` cuts a file."""
+    found: list[tuple[int, int]] = []
+    at = 0
+    for offset, length in [*listed, (size, 0)]:
+        if offset < at:
+            continue
+        while at < offset:
+            n = min(MAX_RANGE, offset - at)
+            found.append((at, n))
+            at += n
+        if length:
+            found.append((offset, length))
+        at = offset + length
+    return found
