@@ -346,6 +346,44 @@ async def test_followers_sharing_a_slow_seeder_all_get_the_range_as_served(
             assert file.read() == data
 
 
+async def test_a_range_whose_pieces_arrive_slowly_is_not_stalled(
+    tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    """A range torrent's pieces are 1 MiB: a follower sharing its owner's uplink with 30
+    others gets blocks of a piece for many seconds before the piece is whole. Counting
+    only whole pieces, its download was "stalled" with bytes arriving all along (32
+    nodes: "no piece for 30 s (0% done)"); the blocks count. Here a 2 MiB range comes
+    at 150 kB/s: its first piece is whole after 7 s, past the stall time of 5."""
+    piece, size = 1 << 20, 80 << 20
+    offset, length = 8 << 20, 2 << 20
+    data = os.urandom(length)
+    files = []
+    for name in ("s", "f"):
+        path = tmp_path / name / "data.partial"
+        path.parent.mkdir()
+        with open(path, "wb") as file:
+            file.truncate(size)
+        files.append(path)
+    with open(files[0], "r+b") as file:
+        file.seek(offset)
+        file.write(data)
+    torrent = await _torrent(files[0], offset, length, size, piece)
+    seeder = await _swarm(swarms, 91, [92], rate=150_000)
+    follower = Swarm("127.0.0.92", 0, stall=5)
+    swarms.append(follower)
+    await follower.start()
+    await follower.allow(["127.0.0.91"])
+    await seeder.seed_range(torrent, files[0])
+    peers = [("127.0.0.91", seeder.port)]
+    download = await follower.download_range(served(torrent), files[1], peers)
+    async with asyncio.timeout(60):
+        await download.wait_range(offset, offset + length)
+    await download.aclose()
+    with open(files[1], "rb") as file:
+        file.seek(offset)
+        assert file.read(length) == data
+
+
 def test_a_range_torrent_is_served_whole_up_to_a_bound(tmp_path: Path) -> None:
     path = tmp_path / "sparse.partial"
     with open(path, "wb") as file:

@@ -144,10 +144,93 @@ async def test_a_download_without_peers_stalls(
     torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
     alone = await _swarm(swarms, 51, [], stall=0.3)
     download = await alone.download(torrent, tmp_path / "in", [("127.0.0.52", 9)])
-    said = r"no piece for 0\.3 s \(0% done, 0 of 1 peers connected\)"
+    said = r"no block here for 0\.3 s \(0% done, 0 of 1 peers connected\)"
     with pytest.raises(SwarmStalled, match=said):
         async with asyncio.timeout(30):
             await download.wait_range(0, 10)
+
+
+async def test_a_download_added_before_its_seeder_holds_the_torrent_gets_it_after(
+    data: Path, tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    """A follower adds a torrent whose other followers have not added it yet: they
+    refuse its connection. libtorrent waits 60 s times the failures before it dials a
+    peer that refused again, asked to or not; so the download sat at "0 of 1 peers
+    connected" for a minute after the seed was there (at 32 nodes, 19-28 of 31 peers
+    connected after 30 s). Peers are dialled again every 2 s until they are in."""
+    torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    late = await _swarm(swarms, 87, [88])
+    leecher = await _swarm(swarms, 88, [87], stall=60)
+    download = await leecher.download(torrent, tmp_path / "in", [("127.0.0.87", late.port)])
+
+    await asyncio.sleep(8.0)  # refused four times: past libtorrent's max_failcount too
+    await leecher.refresh()
+    counts = leecher.counts(info_hash(torrent))
+    assert counts is not None and counts.peers == 0
+    await late.seed(torrent, data)
+    async with asyncio.timeout(20):  # well inside the 60 s libtorrent would wait
+        await download.wait_range(0, SIZE)
+    assert (tmp_path / "in" / "model.safetensors").read_bytes() == data.read_bytes()
+
+
+async def test_a_download_waiting_its_turn_while_others_arrive_is_not_stalled(
+    data: Path, tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    """A download that gets no block while the node receives others is queued, not
+    stalled: its clock runs only while nothing arrives here at all. At 32 nodes on
+    2 MB/s links, a follower of one file's 31 ranges had some of them wait 30 s for a
+    share of its own full downlink; each was taken for a stalled owner, dropped, and
+    the file left the origin 17.7 times. Here one seed trickles 12 MiB at 500 kB/s while
+    the other starts only two stall times after its download; both complete."""
+    big = tmp_path / "seed2" / "big"
+    big.parent.mkdir()
+    big.write_bytes(os.urandom(12 << 20))
+    slow_torrent = await asyncio.to_thread(make_torrent, big, "big.safetensors")
+    late_torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    slow = await _swarm(swarms, 81, [83], rate=500_000)
+    late = await _swarm(swarms, 82, [83])
+    leecher = await _swarm(swarms, 83, [81, 82], stall=4.0)
+    await slow.seed(slow_torrent, big)
+    trickle = await leecher.download(slow_torrent, tmp_path / "in", [("127.0.0.81", slow.port)])
+    async with asyncio.timeout(60):
+        await trickle.wait_range(0, 1)  # moving
+        waiting = await leecher.download(late_torrent, tmp_path / "in", [("127.0.0.82", late.port)])
+
+        async def seed_late() -> None:
+            await asyncio.sleep(2 * leecher.stall)
+            assert trickle.progress < 1.0  # still arriving: the test holds
+            await late.seed(late_torrent, data)
+
+        await asyncio.gather(
+            trickle.wait_range(0, 12 << 20), waiting.wait_range(0, SIZE), seed_late()
+        )
+    assert (tmp_path / "in" / "big.safetensors").read_bytes() == big.read_bytes()
+    assert (tmp_path / "in" / "model.safetensors").read_bytes() == data.read_bytes()
+
+
+async def test_a_download_stalls_once_nothing_arrives_here(
+    data: Path, tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    """The other side: a download whose seed never comes stalls once the downloads that
+    moved are done and the stall time passed with nothing arriving."""
+    other = tmp_path / "seed2" / "other"
+    other.parent.mkdir()
+    other.write_bytes(os.urandom(SIZE))
+    moving_torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    never_torrent = await asyncio.to_thread(make_torrent, other, "other.safetensors")
+    slow = await _swarm(swarms, 84, [86], rate=1_000_000)
+    leecher = await _swarm(swarms, 86, [84, 85], stall=4.0)
+    await slow.seed(moving_torrent, data)
+    moving = await leecher.download(moving_torrent, tmp_path / "in", [("127.0.0.84", slow.port)])
+    never = await leecher.download(never_torrent, tmp_path / "in", [("127.0.0.85", 9)])
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(60):
+        stalled = loop.create_task(never.wait_range(0, 10))
+        await moving.wait_range(0, SIZE)
+        done = loop.time()
+        with pytest.raises(SwarmStalled, match=r"no block here for 4 s \(0% done"):
+            await stalled
+    assert loop.time() - done >= 2.0  # stall time after the last piece (polls: less)
 
 
 async def test_a_port_in_use_is_a_startup_error(swarms: list[Swarm]) -> None:

@@ -2,7 +2,8 @@
 
 Its pieces are libtorrent's to move and check (a v2 torrent checks each piece against
 its merkle tree on arrival); this says when a range is whole on disk (``wait_range``),
-that the swarm stalled (``SwarmStalled``) so that its reader can turn elsewhere, or
+that the swarm stalled (``SwarmStalled``: no block of it, nor of any other download of
+the node, for the stall time) so that its reader can turn elsewhere, or
 that libtorrent could not write the file (an ``OSError``: this node's disk, nobody
 else's).
 Every libtorrent call runs in the session's lane (session.py).
@@ -34,7 +35,8 @@ class SwarmError(SourceError):
 
 
 class SwarmStalled(SwarmError, TimeoutError):
-    """No piece of a download arrived for the stall time."""
+    """No block of a download, nor of any other download of the node, arrived for the
+    stall time."""
 
 
 class Host(Protocol):
@@ -43,6 +45,7 @@ class Host(Protocol):
     lane: Lane
     stall: float
     flushes: set[str]  # info hashes whose writes libtorrent flushed since asked
+    arrived: float  # monotonic time a piece of any download here last arrived
 
     @property
     def failed(self) -> Mapping[str, OSError]:
@@ -123,13 +126,21 @@ class Download:
             self._check_writes()
             if error:
                 raise SwarmError(f"swarm download {self.info_hash[:12]} failed: {error}")
+            # Blocks count, not whole pieces alone: a range torrent's 1 MiB piece, its
+            # owner's uplink shared with 30 followers, takes longer than the stall time.
+            # And a download waiting its turn while others arrive is not stalled: at 32
+            # nodes on 2 MB/s links, a follower of a file's 31 ranges took such ranges
+            # for stalled owners and dropped them; the file left the origin 17.7 times.
+            moved = done != self._done or down != self.bytes_from_peers
             self._have, self.bytes_from_peers = have, down
             self.progress = done / self.size if self.size else 1.0
-            if done != self._done:
-                self._done, self._moved = done, time.monotonic()
-            elif time.monotonic() - self._moved > stall:
+            now = time.monotonic()
+            if moved:
+                self._done, self._moved = done, now
+                self.swarm.arrived = max(self.swarm.arrived, now)
+            elif now - max(self._moved, self.swarm.arrived) > stall:
                 raise SwarmStalled(
-                    f"swarm download {self.info_hash[:12]}: no piece for {stall:g} s "
+                    f"swarm download {self.info_hash[:12]}: no block here for {stall:g} s "
                     f"({self.progress:.0%} done, {self._connected_peers} of "
                     f"{len(self._peers)} peers connected)"
                 )
@@ -150,7 +161,7 @@ class Download:
         the flushes: one at a time, each covering every piece had when it began.
 
         Raises:
-            SwarmStalled: no piece arrived for the swarm's stall time.
+            SwarmStalled: no block arrived here for the swarm's stall time.
             SwarmError: libtorrent reports an error on the torrent.
             OSError: libtorrent could not write the file (this node's disk: full, over
                 a size limit, failing, read-only).

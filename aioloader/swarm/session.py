@@ -53,7 +53,7 @@ class Swarm:
     """One libtorrent session listening on ``host:port``.
 
     Args:
-        stall: seconds without a new piece before a download is ``SwarmStalled``.
+        stall: seconds with no block arriving here before a download is ``SwarmStalled``.
         rate: bytes per second the session sends and takes (0: no cap).
 
     ``await start()``, then ``seed``/``download``; ``aclose`` removes every torrent and
@@ -75,6 +75,7 @@ class Swarm:
         self._banned = self._blocked = self._failures = 0
         self._allowed: list[str] = []
         self.flushes: set[str] = set()  # info hashes whose writes libtorrent flushed
+        self.arrived = 0.0  # monotonic time a block of a download last arrived (download.py)
         self.failed: dict[str, OSError] = {}  # info hash -> its file's error (alerts.py)
 
     def __repr__(self) -> str:

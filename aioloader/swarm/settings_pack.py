@@ -33,6 +33,12 @@ def settings_pack(host: str, port: int, rate: int) -> dict[str, str | int | bool
         "unchoke_slots_limit": -1,
         "connections_limit": 8192,
         "peer_connect_timeout": 3,
+        # A peer that refused (it had not added the torrent yet: followers add a range
+        # torrent as its owner lists it, each in its own time) is dialled again by the
+        # download every 2 s (download.py); libtorrent's own wait before dialling it
+        # again, asked to or not, is 60 s times its failures: a follower sat at "0 of 1
+        # peers connected" for a minute after the seed was there.
+        "min_reconnect_time": 1,
         "enable_ip_notifier": False,
         "max_retry_port_bind": 0,  # the port asked for, or an error
         "listen_system_port_fallback": False,
