@@ -18,11 +18,22 @@ from ..redact import redacting_logger
 from .libtorrent_types import FileErrorAlert, Session, TorrentAlert, TorrentHandle
 from .torrents import libtorrent
 
-__all__ = ["Alerts", "TorrentCounts", "local_error", "read"]
+__all__ = ["Alerts", "SwarmStatistics", "TorrentCounts", "local_error", "read"]
 
 logger = redacting_logger(__name__)
 
 _ERRNO_CATEGORIES = ("system", "generic")  # error codes whose values are errno's
+
+
+@dataclass(frozen=True)
+class SwarmStatistics:
+    """A snapshot: bytes in and out per info hash, peers banned and blocked."""
+
+    downloaded: dict[str, int]
+    uploaded: dict[str, int]
+    banned: int
+    blocked: int
+    hash_failures: int
 
 
 @dataclass(frozen=True)

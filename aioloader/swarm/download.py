@@ -23,7 +23,7 @@ from ..runtime.threads import Lane, run_blocking
 from .libtorrent_types import TorrentHandle
 from .torrents import describe, info_hash
 
-__all__ = ["Download", "Host", "SwarmError", "SwarmStalled"]
+__all__ = ["Download", "Host", "SwarmError", "SwarmStalled", "SwarmUnflushed"]
 
 _POLL = 0.05  # seconds between looks at a download's pieces
 _RECONNECT = 2.0  # seconds between connection attempts to peers a download lacks
@@ -37,6 +37,12 @@ class SwarmError(SourceError):
 class SwarmStalled(SwarmError, TimeoutError):
     """No block of a download, nor of any other download of the node, arrived for the
     stall time."""
+
+
+class SwarmUnflushed(SwarmStalled):
+    """libtorrent did not confirm this node's writes of a download within the stall
+    time: the bytes came and passed their hashes, so the peers that sent them are not
+    to blame; this node's disk or its swarm lane fell behind."""
 
 
 class Host(Protocol):
@@ -97,7 +103,7 @@ class Download:
         self._peers = list(dict.fromkeys([*self._peers, *peers]))
         self._connected = 0.0
 
-    def _look(self) -> tuple[list[bool], int, str | None, int]:
+    def _look(self) -> tuple[list[bool], int, str | None, int, bool]:
         handle = self.handle
         status = handle.status(handle.query_pieces)
         now = time.monotonic()
@@ -115,13 +121,14 @@ class Download:
             int(status.total_wanted_done),
             error,
             int(status.total_payload_download),
+            status.total_wanted_done >= status.total_wanted,
         )
 
     async def _refresh(self, stall: float) -> None:
         async with self._lock:
             if time.monotonic() - self._looked < _POLL:
                 return
-            have, done, error, down = await run_blocking(self.swarm.lane, self._look)
+            have, done, error, down, whole = await run_blocking(self.swarm.lane, self._look)
             self._looked = time.monotonic()
             self._check_writes()
             if error:
@@ -138,7 +145,8 @@ class Download:
             if moved:
                 self._done, self._moved = done, now
                 self.swarm.arrived = max(self.swarm.arrived, now)
-            elif now - max(self._moved, self.swarm.arrived) > stall:
+            elif not whole and now - max(self._moved, self.swarm.arrived) > stall:
+                # (all it wants had, only its writes are awaited: ``_flush`` bounds that)
                 raise SwarmStalled(
                     f"swarm download {self.info_hash[:12]}: no block here for {stall:g} s "
                     f"({self.progress:.0%} done, {self._connected_peers} of "
@@ -186,7 +194,7 @@ class Download:
         """Flush libtorrent's writes of this torrent; ``_flushed``: what was had before."""
         async with self._flushing:
             swarm = self.swarm
-            have, _, _, _ = await run_blocking(swarm.lane, self._look)
+            have, *_ = await run_blocking(swarm.lane, self._look)
             if have == self._flushed:
                 return  # nothing new since the last flush
             swarm.flushes.discard(self.info_hash)
@@ -198,7 +206,7 @@ class Download:
                         await asyncio.sleep(_POLL)
                         await swarm.refresh()
             except TimeoutError:  # a bare one read as this cache's disk failing
-                raise SwarmStalled(
+                raise SwarmUnflushed(
                     f"swarm download {self.info_hash[:12]}: libtorrent did not confirm "
                     f"its writes within {wait:g} s"
                 ) from None

@@ -109,6 +109,9 @@ class TorrentStatus(Protocol):
     def total_wanted_done(self) -> int: ...
 
     @property
+    def total_wanted(self) -> int: ...
+
+    @property
     def total_payload_download(self) -> int: ...
 
     @property

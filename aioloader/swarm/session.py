@@ -18,13 +18,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StartupError
 from ..redact import redacting_logger
+from ..runtime.tasks import Shared
 from ..runtime.threads import Lane, run_blocking
 from . import alerts
+from .alerts import SwarmStatistics
 from .download import Download, SwarmError, SwarmStalled
 from .libtorrent_types import AddTorrentParams, Session, TorrentHandle
 from .range_torrents import add_params
@@ -36,17 +37,6 @@ __all__ = ["Swarm", "SwarmError", "SwarmStalled", "SwarmStatistics"]
 logger = redacting_logger(__name__)
 
 _PUMP = 0.25  # seconds between reads of the session's alerts
-
-
-@dataclass(frozen=True)
-class SwarmStatistics:
-    """A snapshot: bytes in and out per info hash, peers banned and blocked."""
-
-    downloaded: dict[str, int]
-    uploaded: dict[str, int]
-    banned: int
-    blocked: int
-    hash_failures: int
 
 
 class Swarm:
@@ -74,6 +64,7 @@ class Swarm:
         self._counts: dict[str, alerts.TorrentCounts] = {}
         self._banned = self._blocked = self._failures = 0
         self._allowed: list[str] = []
+        self._reads = Shared(self._read_alerts)  # refresh() and the pump share reads
         self.flushes: set[str] = set()  # info hashes whose writes libtorrent flushed
         self.arrived = 0.0  # monotonic time a block of a download last arrived (download.py)
         self.failed: dict[str, OSError] = {}  # info hash -> its file's error (alerts.py)
@@ -344,13 +335,16 @@ class Swarm:
 
     async def _pumping(self) -> None:
         while True:
-            await self._read_alerts()
+            await self._reads()
             await asyncio.sleep(_PUMP)
 
     async def refresh(self) -> SwarmStatistics:
-        """Read the session's alerts now; the statistics after them."""
+        """Read the session's alerts now (a read begun after the call, shared with
+        every caller meanwhile: 31 downloads at 32 nodes, each waiting for a flush and
+        asking for a read of every held torrent's status each 50 ms, held the lane so
+        long that flushes went unconfirmed for 30 s); the statistics after them."""
         if self._session is not None:
-            await self._read_alerts()
+            await self._reads()
         return self.statistics()
 
     def counts(self, key: str) -> alerts.TorrentCounts | None:

@@ -1,0 +1,169 @@
+"""The swarm's one lane under load: reads of libtorrent's alerts shared among those who
+wait for them (runtime/tasks.py's ``Shared``), and writes libtorrent is slow to confirm
+blamed on this node, not on the peer that sent the bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from aioloader.runtime.tasks import Shared
+
+SIZE = 3 << 20
+
+
+# -- Shared ------------------------------------------------------------------------------
+
+
+async def test_callers_waiting_at_once_share_one_call_begun_after_they_asked() -> None:
+    calls: list[int] = []
+    gate = asyncio.Event()
+
+    async def read() -> None:
+        calls.append(len(calls))
+        await gate.wait()
+
+    shared = Shared(read)
+    first = asyncio.create_task(shared())
+    await asyncio.sleep(0)  # the first call runs, held at the gate
+    others = [asyncio.create_task(shared()) for _ in range(50)]
+    await asyncio.sleep(0)
+    assert calls == [0]  # the others wait: what the running call reads predates them
+    gate.set()
+    await asyncio.gather(first, *others)
+    assert calls == [0, 1]  # one more call, begun after they all asked, served them all
+    await shared()  # asked after every call ended: a call of its own
+    assert calls == [0, 1, 2]
+
+
+async def test_the_caller_whose_turn_ran_the_call_gets_its_error() -> None:
+    gate = asyncio.Event()
+    failures = iter([RuntimeError("the session is closed"), None])
+
+    async def read() -> None:
+        await gate.wait()
+        error = next(failures)
+        if error is not None:
+            raise error
+
+    shared = Shared(read)
+    first = asyncio.create_task(shared())
+    await asyncio.sleep(0)
+    second = asyncio.create_task(shared())
+    await asyncio.sleep(0)
+    gate.set()
+    with pytest.raises(RuntimeError, match="the session is closed"):
+        await first
+    await second  # its own call, begun after it asked, ended well
+    assert "calls=2" in repr(shared)
+
+
+async def test_a_caller_cancelled_while_its_call_runs_lets_the_next_call_begin() -> None:
+    began = 0
+    gate = asyncio.Event()
+
+    async def read() -> None:
+        nonlocal began
+        began += 1
+        await gate.wait()
+
+    shared = Shared(read)
+    first = asyncio.create_task(shared())
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(shared())
+    await asyncio.sleep(0)
+    first.cancel()
+    gate.set()
+    await waiting
+    assert began == 2 and first.cancelled()
+
+
+# -- the swarm ---------------------------------------------------------------------------
+
+lt = pytest.importorskip("libtorrent")
+
+from aioloader.swarm.alerts import TorrentCounts  # noqa: E402
+from aioloader.swarm.download import SwarmUnflushed  # noqa: E402
+from aioloader.swarm.session import Swarm  # noqa: E402
+from aioloader.swarm.torrents import info_hash, make_torrent  # noqa: E402
+
+_NONE = TorrentCounts()
+
+
+class _Withheld:
+    """A libtorrent session whose alerts can be held back (``holding``: left in
+    libtorrent's queue, as when it is slow to post them), its alert reads counted."""
+
+    def __init__(self, session: object) -> None:
+        self._session = session
+        self.holding = False
+        self.reads = 0
+
+    def pop_alerts(self) -> list[object]:
+        self.reads += 1
+        return [] if self.holding else self._session.pop_alerts()  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._session, name)
+
+
+async def _pair(tmp_path: Path, stall: float) -> tuple[Swarm, Swarm, Path, bytes]:
+    data = tmp_path / "seed" / "data"
+    data.parent.mkdir()
+    data.write_bytes(os.urandom(SIZE))
+    torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
+    seeder, leecher = Swarm("127.0.0.93", 0), Swarm("127.0.0.94", 0, stall=stall)
+    for swarm, other in ((seeder, "127.0.0.94"), (leecher, "127.0.0.93")):
+        await swarm.start()
+        await swarm.allow([other])
+    await seeder.seed(torrent, data)
+    return seeder, leecher, data, torrent
+
+
+async def test_refreshes_asked_at_once_share_reads_of_the_alerts(tmp_path: Path) -> None:
+    """At 32 nodes, 31 downloads waiting for their flushes each asked for a read of the
+    alerts (and every held torrent's status) each 50 ms, one after the other in the
+    session's one lane: flushes went unconfirmed for 30 s behind them."""
+    seeder, leecher, _, _ = await _pair(tmp_path, 30.0)
+    try:
+        withheld = _Withheld(leecher._session)
+        leecher._session = withheld  # type: ignore[assignment]
+        await asyncio.gather(*(leecher.refresh() for _ in range(40)))
+        assert withheld.reads <= 3  # (the session's own pump may have begun one)
+        leecher._session = withheld._session  # type: ignore[assignment]
+    finally:
+        await leecher.aclose()
+        await seeder.aclose()
+
+
+async def test_writes_libtorrent_is_slow_to_confirm_are_this_node_s_not_the_peer_s(
+    tmp_path: Path,
+) -> None:
+    """The range came whole and passed its hashes; only libtorrent's word that it is on
+    disk is late. That is ``SwarmUnflushed`` (the fetch reads the range elsewhere and
+    keeps the peer), not a stall of the peer's; and once the word comes, the range is
+    read, however long ago its last block arrived."""
+    seeder, leecher, data, torrent = await _pair(tmp_path, 1.0)
+    withheld = _Withheld(leecher._session)
+    try:
+        download = await leecher.download(torrent, tmp_path / "in", [("127.0.0.93", seeder.port)])
+        async with asyncio.timeout(60):  # every piece had, by libtorrent's count
+            while (leecher.counts(info_hash(torrent)) or _NONE).done < SIZE:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        leecher._session = withheld  # type: ignore[assignment]
+        withheld.holding = True
+        with pytest.raises(SwarmUnflushed, match="did not confirm its writes within 1 s"):
+            await download.wait_range(0, SIZE)
+        await asyncio.sleep(1.5)  # longer than the stall time, nothing arriving
+        withheld.holding = False
+        async with asyncio.timeout(30):
+            await download.wait_range(0, SIZE)
+        assert (tmp_path / "in" / "model.safetensors").read_bytes() == data.read_bytes()
+        await download.aclose()
+    finally:
+        leecher._session = withheld._session  # type: ignore[assignment]
+        await leecher.aclose()
+        await seeder.aclose()
