@@ -167,3 +167,45 @@ async def test_writes_libtorrent_is_slow_to_confirm_are_this_node_s_not_the_peer
         leecher._session = withheld._session  # type: ignore[assignment]
         await leecher.aclose()
         await seeder.aclose()
+
+
+class _LosesAFlush:
+    """A libtorrent session that loses the next ``cache_flushed_alert`` it posts, as
+    libtorrent does with alerts its queue has no room for (``alert_queue_size``)."""
+
+    def __init__(self, session: object) -> None:
+        self._session = session
+        self.lost = 0
+
+    def pop_alerts(self) -> list[object]:
+        found = self._session.pop_alerts()  # type: ignore[attr-defined]
+        if self.lost:
+            return found
+        kept = [a for a in found if not isinstance(a, lt.cache_flushed_alert)]
+        self.lost = len(found) - len(kept)
+        return kept
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._session, name)
+
+
+async def test_a_flush_whose_confirmation_was_lost_is_asked_for_again(tmp_path: Path) -> None:
+    """At 32 nodes flushes went unconfirmed and their ranges were read from the origin
+    again: an alert libtorrent drops is never posted, so a flush asked for once and
+    waited on stays unconfirmed however long the wait. Asked again, it is confirmed."""
+    seeder, leecher, data, torrent = await _pair(tmp_path, 3.0)
+    loses = _LosesAFlush(leecher._session)
+    try:
+        download = await leecher.download(torrent, tmp_path / "in", [("127.0.0.93", seeder.port)])
+        async with asyncio.timeout(60):  # every piece had, by libtorrent's count
+            while (leecher.counts(info_hash(torrent)) or _NONE).done < SIZE:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        leecher._session = loses  # type: ignore[assignment]
+        await download.wait_range(0, SIZE)  # not SwarmUnflushed after 3 s
+        assert loses.lost >= 1  # the first confirmation was lost
+        assert (tmp_path / "in" / "model.safetensors").read_bytes() == data.read_bytes()
+        await download.aclose()
+    finally:
+        leecher._session = loses._session  # type: ignore[assignment]
+        await leecher.aclose()
+        await seeder.aclose()

@@ -27,6 +27,7 @@ __all__ = ["Download", "Host", "SwarmError", "SwarmStalled", "SwarmUnflushed"]
 
 _POLL = 0.05  # seconds between looks at a download's pieces
 _RECONNECT = 2.0  # seconds between connection attempts to peers a download lacks
+_REFLUSH = 1.0  # seconds between asks for a flush libtorrent has not confirmed
 
 
 class SwarmError(SourceError):
@@ -198,13 +199,21 @@ class Download:
             if have == self._flushed:
                 return  # nothing new since the last flush
             swarm.flushes.discard(self.info_hash)
-            await run_blocking(swarm.lane, self.handle.flush_cache)
             wait = max(swarm.stall, 1.0)
             try:
                 async with asyncio.timeout(wait):
                     while self.info_hash not in swarm.flushes:
-                        await asyncio.sleep(_POLL)
-                        await swarm.refresh()
+                        # Asked again each second: libtorrent drops alerts its queue
+                        # has no room for, and a flush whose alert was dropped would
+                        # never be confirmed (the range read again from the origin).
+                        await run_blocking(swarm.lane, self.handle.flush_cache)
+                        asked = time.monotonic()
+                        while (
+                            self.info_hash not in swarm.flushes
+                            and time.monotonic() - asked < _REFLUSH
+                        ):
+                            await asyncio.sleep(_POLL)
+                            await swarm.refresh()
             except TimeoutError:  # a bare one read as this cache's disk failing
                 raise SwarmUnflushed(
                     f"swarm download {self.info_hash[:12]}: libtorrent did not confirm "
