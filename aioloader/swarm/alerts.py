@@ -39,8 +39,9 @@ class SwarmStatistics:
 @dataclass(frozen=True)
 class TorrentCounts:
     """One torrent's status as libtorrent last gave it: payload bytes in and out, their
-    rates (libtorrent's own average over the last seconds), the peers connected and the
-    bytes of the file checked and held."""
+    rates (libtorrent's own average over the last seconds), the peers connected, the
+    bytes of the file checked and held (``done``) of those it wants (``wanted``), which
+    pieces it holds, and its error ("" when none)."""
 
     downloaded: int = 0
     uploaded: int = 0
@@ -48,6 +49,9 @@ class TorrentCounts:
     upload_rate: int = 0
     peers: int = 0
     done: int = 0
+    wanted: int = 0
+    pieces: tuple[bool, ...] = ()
+    error: str = ""
 
 
 @dataclass
@@ -82,7 +86,7 @@ def read(session: Session, handles: list[tuple[str, TorrentHandle]]) -> Alerts:
         elif alert.category() & lt.alert_category.error:
             logger.warning("swarm: %s", alert.message())
     for key, handle in handles:
-        status = handle.status(0)
+        status = handle.status(handle.query_pieces)
         found.counts[key] = TorrentCounts(
             int(status.total_payload_download),
             int(status.total_payload_upload),
@@ -90,6 +94,9 @@ def read(session: Session, handles: list[tuple[str, TorrentHandle]]) -> Alerts:
             int(status.upload_payload_rate),
             int(status.num_peers),
             int(status.total_wanted_done),
+            int(status.total_wanted),
+            tuple(status.pieces),
+            status.errc.message() if status.errc.value() else "",
         )
     return found
 

@@ -20,8 +20,9 @@ from typing import Protocol
 
 from ..errors import SourceError
 from ..runtime.threads import Lane, run_blocking
+from .alerts import TorrentCounts
 from .libtorrent_types import TorrentHandle
-from .torrents import describe, info_hash
+from .torrents import describe, info_hash, piece_length
 
 __all__ = ["Download", "Host", "SwarmError", "SwarmStalled", "SwarmUnflushed"]
 
@@ -61,6 +62,9 @@ class Host(Protocol):
     async def refresh(self) -> object:
         """Read the session's alerts now."""
 
+    def counts(self, key: str) -> TorrentCounts | None:
+        """The torrent ``key``'s status as the last read found it; None: not held."""
+
     async def drop(self, key: str, handle: TorrentHandle) -> None:
         """Take the torrent ``key`` out, if ``handle`` is still the one held for it."""
 
@@ -77,7 +81,7 @@ class Download:
         self.info_hash = info_hash(torrent)
         self.path = path
         self.size = describe(torrent)[1]
-        self._piece = 0
+        self._piece = piece_length(torrent)
         self._have: list[bool] = []
         self._done = -1
         self._moved = time.monotonic()
@@ -104,49 +108,51 @@ class Download:
         self._peers = list(dict.fromkeys([*self._peers, *peers]))
         self._connected = 0.0
 
-    def _look(self) -> tuple[list[bool], int, str | None, int, bool]:
+    def _connect(self) -> None:
+        """In the lane: dial the peers not connected."""
         handle = self.handle
-        status = handle.status(handle.query_pieces)
-        now = time.monotonic()
-        # Peers not yet holding the torrent refuse at first; ask again until all are in.
-        if status.num_peers < len(self._peers) and now - self._connected > _RECONNECT:
-            self._connected = now
-            for peer in self._peers:
-                with contextlib.suppress(RuntimeError):
-                    handle.connect_peer(peer)
-        error = status.errc.message() if status.errc.value() else None
-        self._connected_peers = int(status.num_peers)
-        self._piece = self._piece or handle.torrent_file().piece_length()
-        return (
-            list(status.pieces),
-            int(status.total_wanted_done),
-            error,
-            int(status.total_payload_download),
-            status.total_wanted_done >= status.total_wanted,
-        )
+        self._connected = time.monotonic()
+        for peer in self._peers:
+            with contextlib.suppress(RuntimeError):
+                handle.connect_peer(peer)
+
+    async def _status(self) -> TorrentCounts:
+        """The torrent's status from a read of the session's alerts begun after the ask:
+        one read, in the lane, for every download of the node that asks meanwhile (at 32
+        nodes a follower's 31 downloads each looked in the lane 20 times a second)."""
+        await self.swarm.refresh()
+        status = self.swarm.counts(self.info_hash)
+        if status is None:
+            raise SwarmError(f"swarm download {self.info_hash[:12]}: taken out of the session")
+        return status
 
     async def _refresh(self, stall: float) -> None:
         async with self._lock:
             if time.monotonic() - self._looked < _POLL:
                 return
-            have, done, error, down, whole = await run_blocking(self.swarm.lane, self._look)
-            self._looked = time.monotonic()
+            status = await self._status()
+            self._looked = now = time.monotonic()
+            # Peers not yet holding the torrent refuse at first; ask again until all are in.
+            self._connected_peers = status.peers
+            if status.peers < len(self._peers) and now - self._connected > _RECONNECT:
+                await run_blocking(self.swarm.lane, self._connect)
             self._check_writes()
-            if error:
-                raise SwarmError(f"swarm download {self.info_hash[:12]} failed: {error}")
+            if status.error:
+                raise SwarmError(f"swarm download {self.info_hash[:12]} failed: {status.error}")
             # Blocks count, not whole pieces alone: a range torrent's 1 MiB piece, its
             # owner's uplink shared with 30 followers, takes longer than the stall time.
             # And a download waiting its turn while others arrive is not stalled: at 32
             # nodes on 2 MB/s links, a follower of a file's 31 ranges took such ranges
             # for stalled owners and dropped them; the file left the origin 17.7 times.
+            done, down = status.done, status.downloaded
             moved = done != self._done or down != self.bytes_from_peers
-            self._have, self.bytes_from_peers = have, down
+            self._have, self.bytes_from_peers = list(status.pieces), down
             self.progress = done / self.size if self.size else 1.0
             now = time.monotonic()
             if moved:
                 self._done, self._moved = done, now
                 self.swarm.arrived = max(self.swarm.arrived, now)
-            elif not whole and now - max(self._moved, self.swarm.arrived) > stall:
+            elif done < status.wanted and now - max(self._moved, self.swarm.arrived) > stall:
                 # (all it wants had, only its writes are awaited: ``_flush`` bounds that)
                 raise SwarmStalled(
                     f"swarm download {self.info_hash[:12]}: no block here for {stall:g} s "
@@ -186,7 +192,7 @@ class Download:
                 await asyncio.sleep(_POLL)
 
     def _holds(self, pieces: list[bool], start: int, end: int) -> bool:
-        if not pieces or not self._piece:
+        if not pieces:
             return False
         first, last = start // self._piece, (end - 1) // self._piece
         return all(pieces[first : last + 1])
@@ -195,7 +201,7 @@ class Download:
         """Flush libtorrent's writes of this torrent; ``_flushed``: what was had before."""
         async with self._flushing:
             swarm = self.swarm
-            have, *_ = await run_blocking(swarm.lane, self._look)
+            have = list((await self._status()).pieces)
             if have == self._flushed:
                 return  # nothing new since the last flush
             swarm.flushes.discard(self.info_hash)

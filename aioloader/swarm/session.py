@@ -251,7 +251,7 @@ class Swarm:
         handle = await self._added(torrent, add)
         download = Download(self, handle, torrent, path)
         download.connect(peers)
-        await run_blocking(self.lane, download._look)  # connects now
+        await run_blocking(self.lane, download._connect)  # connects now
         return download
 
     async def seed_range(self, torrent: bytes, path: Path) -> None:
@@ -288,7 +288,7 @@ class Swarm:
         handle = await self._added(torrent, lambda old: self._put(session, old, torrent, params))
         download = Download(self, handle, torrent, into)
         download.connect(peers)
-        await run_blocking(self.lane, download._look)  # connects now
+        await run_blocking(self.lane, download._connect)  # connects now
         return download
 
     def seeding(self, key: str) -> bool:

@@ -24,7 +24,7 @@ from .libtorrent_types import Libtorrent, TorrentInfo
 
 T = TypeVar("T")
 
-__all__ = ["MIN_PIECE", "describe", "info_hash", "libtorrent", "make_torrent"]
+__all__ = ["MIN_PIECE", "describe", "info_hash", "libtorrent", "make_torrent", "piece_length"]
 
 MIN_PIECE = 1 << 20
 """The smallest piece of a file over 64 MiB (fewer pieces: fewer messages, fewer hashes)."""
@@ -115,6 +115,12 @@ def describe(torrent: bytes) -> tuple[str, int]:
     if files != [0]:
         raise ValueError("it does not hold exactly one file")
     return str(layout.file_path(0)), int(layout.file_size(0))
+
+
+@_remembered
+def piece_length(torrent: bytes) -> int:
+    """The bytes of each piece (the last one may be shorter)."""
+    return int(_info(torrent).piece_length())
 
 
 @_remembered
