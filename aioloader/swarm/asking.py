@@ -140,7 +140,14 @@ class Asker:
             self.late.add(api)
             raise NoAnswer(f"no answer within {wait:g} s", quiet=True) from None
         except (aiohttp.ClientError, OSError) as exc:
-            self.late.discard(api)
+            # Refused or unreachable: gone, maybe. A connection taken and dropped (reset,
+            # closed before the answer) is a busy daemon's, late like one that times out.
+            if isinstance(exc, aiohttp.ClientConnectorError) or not isinstance(
+                exc, aiohttp.ClientError
+            ):
+                self.late.discard(api)
+            else:
+                self.late.add(api)
             raise NoAnswer(f"no answer ({str(exc) or type(exc).__name__})", quiet=True) from None
         except ValueError as exc:
             self.late.discard(api)
