@@ -185,20 +185,19 @@ class Followed:
         finally:
             self._polls.watched -= 1
 
-    async def _asked_again(self, fetch: Callable[[], Awaitable[bytes | None]]) -> bytes | None:
-        """``fetch()``'s torrent, asked again until it comes, the node is gone (``watch``
-        says when: a refused port after the gone time, late answers after the stall
-        time) or the stall time is up; None then. One late answer dropped the node
-        before, with every file it served: 82 drops in one cold start of 32 nodes, each
-        a new deal of the model; and so did one dropped connection, as a busy daemon's
-        are: 76 in one cold start of a one-file model on 32 nodes, whose followers each
-        dealt the dropped node's ranges again, to owners that did not pull them, and
-        read them from the origin (30.6 copies)."""
+    async def _while_late(self, fetch: Callable[[], Awaitable[bytes | None]]) -> bytes | None:
+        """``fetch()``'s torrent, asked again while the node's answers time out (it took
+        the connection and answers late: a busy daemon) for the stall time at most; None
+        once it answers without one (or with one refused), refuses, or stays late. One
+        late answer dropped the node before, with every file it served: 82 drops in one
+        cold start of 32 nodes, and each dealt the model again; and so did one dropped
+        connection (asking.py counts it late now): 76 drops in one cold start of a
+        one-file model on 32 nodes, 30.6 copies of it from the origin."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         while True:
             raw = await fetch()
-            if raw is not None or self.gone is not None:
+            if raw is not None or not self._late(self.api) or self.gone is not None:
                 return raw
             if loop.time() - start > self._stall:
                 return None
@@ -222,7 +221,7 @@ class Followed:
         raw = self.torrents.get(name)
         if raw is None and self._fetch_torrent is not None:
             fetch = self._fetch_torrent
-            raw = await self._asked_again(lambda: fetch(self.api, offer))
+            raw = await self._while_late(lambda: fetch(self.api, offer))
         if raw is None:
             raise SwarmError(f"{self!r}: its torrent of {name} could not be had")
         self.torrents[name] = raw
@@ -262,7 +261,7 @@ class Followed:
         if self.fetch_range is not None:
             check = partial(check_range_torrent, name, size, offset, length, listed.info_hash)
             fetch_range, digest = self.fetch_range, listed.info_hash
-            raw = await self._asked_again(lambda: fetch_range(self.api, digest, check))
+            raw = await self._while_late(lambda: fetch_range(self.api, digest, check))
         if raw is None:
             raise SwarmError(f"{self!r}: its torrent of the {what} could not be had")
         return raw
