@@ -123,6 +123,13 @@ async def _pair(tmp_path: Path, stall: float) -> tuple[Swarm, Swarm, Path, bytes
     return seeder, leecher, data, torrent
 
 
+async def _all_had(leecher: Swarm, torrent: bytes) -> None:
+    """Until every piece of ``torrent`` is had at ``leecher``, by libtorrent's count."""
+    async with asyncio.timeout(60):
+        while (leecher.counts(info_hash(torrent)) or _NONE).done < SIZE:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
 async def test_refreshes_asked_at_once_share_reads_of_the_alerts(tmp_path: Path) -> None:
     """At 32 nodes, 31 downloads waiting for their flushes each asked for a read of the
     alerts (and every held torrent's status) each 50 ms, one after the other in the
@@ -150,9 +157,7 @@ async def test_writes_libtorrent_is_slow_to_confirm_are_this_node_s_not_the_peer
     withheld = _Withheld(leecher._session)
     try:
         download = await leecher.download(torrent, tmp_path / "in", [("127.0.0.93", seeder.port)])
-        async with asyncio.timeout(60):  # every piece had, by libtorrent's count
-            while (leecher.counts(info_hash(torrent)) or _NONE).done < SIZE:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
+        await _all_had(leecher, torrent)
         leecher._session = withheld  # type: ignore[assignment]
         withheld.holding = True
         with pytest.raises(SwarmUnflushed, match="did not confirm its writes within 1 s"):
@@ -197,9 +202,7 @@ async def test_a_flush_whose_confirmation_was_lost_is_asked_for_again(tmp_path: 
     loses = _LosesAFlush(leecher._session)
     try:
         download = await leecher.download(torrent, tmp_path / "in", [("127.0.0.93", seeder.port)])
-        async with asyncio.timeout(60):  # every piece had, by libtorrent's count
-            while (leecher.counts(info_hash(torrent)) or _NONE).done < SIZE:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
+        await _all_had(leecher, torrent)
         leecher._session = loses  # type: ignore[assignment]
         await download.wait_range(0, SIZE)  # not SwarmUnflushed after 3 s
         assert loses.lost >= 1  # the first confirmation was lost

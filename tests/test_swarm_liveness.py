@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import socket
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -181,12 +181,7 @@ async def test_a_torrent_whose_connection_drops_is_asked_again_while_the_node_li
     owners that did not pull them (76 drops, 30.6 copies of a one-file model on 32
     nodes). Now it is asked again until the node is gone or the stall time is up."""
     asked: list[float] = []
-
-    async def dropping(request: web.Request) -> web.Response:
-        asked.append(asyncio.get_running_loop().time())
-        assert request.transport is not None
-        request.transport.close()  # no answer: the connection drops under the asker
-        return web.Response(status=500)
+    dropping = _dropping(asked)
 
     offer = FileOffer("a.safetensors", "http://origin/a.safetensors", 1 << 20, info_hash="e" * 64)
     stall = 2.0
@@ -210,12 +205,7 @@ async def test_a_torrent_whose_connection_drops_is_asked_again_while_the_node_li
 async def test_a_torrent_of_a_node_gone_meanwhile_is_not_asked_for_again() -> None:
     """Asked again while the node lives: once its watch finds it gone, the ask ends."""
     asked: list[float] = []
-
-    async def dropping(request: web.Request) -> web.Response:
-        asked.append(asyncio.get_running_loop().time())
-        assert request.transport is not None
-        request.transport.close()
-        return web.Response(status=500)
+    dropping = _dropping(asked)
 
     offer = FileOffer("a.safetensors", "http://origin/a.safetensors", 1 << 20, info_hash="e" * 64)
     async with serving("/v1/swarm/torrents/{hash}", [dropping]) as (api,):
@@ -233,3 +223,15 @@ async def test_a_torrent_of_a_node_gone_meanwhile_is_not_asked_for_again() -> No
                 await asyncio.wait_for(asked_for, 5)
     assert asked and asked[0] < went
     assert not [t for t in asked if t > went + 0.1], (went, asked)  # none begun after
+
+
+def _dropping(asked: list[float]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A handler that notes when it is asked and drops the connection unanswered."""
+
+    async def dropping(request: web.Request) -> web.Response:
+        asked.append(asyncio.get_running_loop().time())
+        assert request.transport is not None
+        request.transport.close()  # no answer: the connection drops under the asker
+        return web.Response(status=500)
+
+    return dropping
