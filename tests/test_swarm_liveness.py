@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -174,12 +175,16 @@ async def test_a_torrent_answered_late_is_asked_again_for_the_stall_time() -> No
     assert len(asked) >= 3, asked
 
 
-async def test_a_torrent_whose_connection_drops_is_asked_again_while_the_node_lives() -> None:
+async def test_a_torrent_whose_connection_drops_is_asked_again_while_the_node_lives(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A busy daemon drops connections (its peer's keep-alive one closed under it, a
     reset): before, one dropped ask for a range torrent dropped the node with every
     range it served, and its followers dealt them again, each by its own view, to
     owners that did not pull them (76 drops, 30.6 copies of a one-file model on 32
-    nodes). Now it is asked again until the node is gone or the stall time is up."""
+    nodes). Now it is asked again until the node is gone or the stall time is up, and
+    each failed ask's warning says why (before: "no torrent ... (None)")."""
+    caplog.set_level(logging.WARNING, logger="aioloader.swarm")
     asked: list[float] = []
     dropping = _dropping(asked)
 
@@ -200,6 +205,8 @@ async def test_a_torrent_whose_connection_drops_is_asked_again_while_the_node_li
             assert api in asker.late  # taken and dropped: a busy daemon's, late
     assert took >= stall, took
     assert len(asked) >= 3, asked
+    said = [r.getMessage() for r in caplog.records if "no torrent" in r.getMessage()]
+    assert said and all("disconnected" in m.lower() for m in said), said
 
 
 async def test_a_torrent_of_a_node_gone_meanwhile_is_not_asked_for_again() -> None:

@@ -191,11 +191,16 @@ class Asker:
     async def _kept(self, api: str, digest: str, check: Callable[[bytes], bytes]) -> bytes | None:
         kept = self._torrents.get(digest)
         if kept is None:
-            got = await self._get(api, f"/v1/swarm/torrents/{digest}", MAX_TORRENT)
-            if got is None or got[0] != 200:
-                logger.warning("peer %s: no torrent %s (%s)", api, digest[:12], got and got[0])
+            try:
+                status, _, kept = await self._answer(
+                    api, f"/v1/swarm/torrents/{digest}", MAX_TORRENT
+                )
+            except NoAnswer as exc:  # why, said: a timeout, a dropped connection, a refusal
+                logger.warning("peer %s: no torrent %s: %s", api, digest[:12], exc)
                 return None
-            kept = got[2]
+            if status != 200:
+                logger.warning("peer %s: no torrent %s (HTTP %d)", api, digest[:12], status)
+                return None
         try:
             raw = await run_blocking(self.lane, lambda: check(kept))
         except ManifestError as exc:
