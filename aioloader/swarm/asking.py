@@ -92,6 +92,7 @@ class Asker:
         # The peers whose last request timed out: they took the connection and did not
         # answer in time (busy), where a dead daemon's port refuses (followed.py).
         self.late: set[str] = set()
+        self.failed: dict[str, str] = {}  # API address -> why its last ask got no answer
 
     def __repr__(self) -> str:
         return f"<Asker node={self.node[:8]} {self.proof!r}>"
@@ -122,8 +123,24 @@ class Asker:
         ``wait`` seconds (default: the asker's).
 
         Raises:
-            NoAnswer: none, too large, or no proof; saying which.
+            NoAnswer: none, too large, or no proof; saying which (kept in ``failed``).
         """
+        try:
+            got = await self._asked(api, target, limit, headers, wait)
+        except NoAnswer as exc:
+            self.failed[api] = str(exc)
+            raise
+        self.failed.pop(api, None)
+        return got
+
+    async def _asked(
+        self,
+        api: str,
+        target: str,
+        limit: int,
+        headers: dict[str, str] | None,
+        wait: float | None,
+    ) -> tuple[int, str, bytes]:
         import aiohttp
 
         wait = self.wait if wait is None else wait

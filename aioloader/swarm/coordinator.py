@@ -381,7 +381,7 @@ class Coordinator(Offers):
         return asyncio.get_running_loop().create_task(
             hear(route.hearing, pullers, lambda: set(route.followed) | {self.node}, silent,
                  lambda api: self.ask(api, key), follow, self._gone(), self.swarm.stall,
-                 lambda api: api in asker.late, self._polls.interval),
+                 lambda api: api in asker.late, self._polls.interval, asker.failed.get),
             name=f"aioloader hearing {key[:8]}",
         )  # fmt: skip
 

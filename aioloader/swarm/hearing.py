@@ -56,13 +56,15 @@ async def hear(
     stall: float,
     late: Callable[[str], bool],
     interval: Callable[[], float],
+    why: Callable[[str], str | None] = lambda api: None,
 ) -> None:
     """Ask the ``silent`` API addresses until every puller is ``heard`` (a node followed
     for it) or none answered for ``gone`` seconds (``stall`` while one of them answers
     late: it takes the connection, a busy daemon); an answer from a puller not heard is
     handed to ``follow`` (it makes the node followed, and None where it is not wanted),
     and the node is watched while the try runs. Then the hearing closes: the pullers
-    still unheard are given up (``Hearing.given_up``).
+    still unheard are given up (``Hearing.given_up``), and the warning says ``why``
+    each address still silent gave no answer (its last ask's failure).
 
     Runs while the try runs and is cancelled with it; the watches with it."""
     loop = asyncio.get_running_loop()
@@ -90,9 +92,11 @@ async def hear(
         hearing.given_up = wanted - heard()
         hearing.open = False
         if hearing.given_up:
+            silent_now = "; ".join(f"{api}: {why(api) or 'no usable answer'}" for api in left)
             logger.warning(
-                "%d pullers of the split never answered; their ranges are dealt again",
+                "%d pullers of the split never answered (%s); their ranges are dealt again",
                 len(hearing.given_up),
+                silent_now or "none of the addresses asked",
             )
         await asyncio.gather(*watches)
     finally:
