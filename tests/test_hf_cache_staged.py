@@ -290,7 +290,7 @@ async def test_ranges_read_twice_and_overlapping_make_one_right_blob(tmp_path: P
     with Lanes(4) as lanes:
         files = FileSource(lanes)
         try:
-            blob = await filling(await files.open(str(path)), target, lanes.cache, trail=False)
+            blob = await filling(await files.open(str(path)), target, lanes.cache)
             buffers = [bytearray(end - start) for start, end in ranges]
             await asyncio.gather(
                 *(

@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-import threading
 from pathlib import Path
 
 import pytest
 
-from aioloader.runtime.threads import Lane, Lanes
+from aioloader.runtime.threads import Lanes
 from aioloader.sinks import commits
 from aioloader.sinks.filling_blob import FillingBlob
 from aioloader.sinks.hf.blob_writer import WeightFile
@@ -36,8 +35,8 @@ def _target(tmp_path: Path, data: bytes) -> WeightFile:
     return WeightFile(cache, snapshot, "m.safetensors", len(data), blob_id)
 
 
-@pytest.mark.parametrize("trail", [False, True], ids=["through", "trailing"])
-async def test_ranges_read_in_any_order_make_one_right_blob(tmp_path: Path, trail: bool) -> None:
+@pytest.mark.parametrize("through", [True, False], ids=["through", "after"])
+async def test_ranges_read_in_any_order_make_one_right_blob(tmp_path: Path, through: bool) -> None:
     path = write_file(tmp_path / "m.safetensors", random_tensors(count=20, big=200_000))
     data = path.read_bytes()
     target = _target(tmp_path, data)
@@ -49,7 +48,9 @@ async def test_ranges_read_in_any_order_make_one_right_blob(tmp_path: Path, trai
     with Lanes(4) as lanes:
         files = FileSource(lanes)
         try:
-            blob = await filling(await files.open(str(path)), target, lanes.cache, trail)
+            blob = await filling(
+                await files.open(str(path)), target, lanes.cache if through else None
+            )
             assert isinstance(blob, FillingBlob)
             header = await blob.read_bytes(0, 8)
             buffers = [bytearray(end - start) for start, end in ranges]
@@ -70,8 +71,8 @@ async def test_ranges_read_in_any_order_make_one_right_blob(tmp_path: Path, trai
     assert not list(target.cache.root.rglob("*.tmp"))
 
 
-@pytest.mark.parametrize("trail", [False, True], ids=["through", "trailing"])
-async def test_a_file_not_read_whole_leaves_nothing(tmp_path: Path, trail: bool) -> None:
+@pytest.mark.parametrize("through", [True, False], ids=["through", "after"])
+async def test_a_file_not_read_whole_leaves_nothing(tmp_path: Path, through: bool) -> None:
     path = write_file(tmp_path / "m.safetensors", random_tensors(count=8, big=100_000))
     data = path.read_bytes()
     target = _target(tmp_path, data)
@@ -79,7 +80,9 @@ async def test_a_file_not_read_whole_leaves_nothing(tmp_path: Path, trail: bool)
     with Lanes(2) as lanes:
         files = FileSource(lanes)
         try:
-            blob = await filling(await files.open(str(path)), target, lanes.cache, trail)
+            blob = await filling(
+                await files.open(str(path)), target, lanes.cache if through else None
+            )
             half = bytearray(len(data) // 2)
             await blob.read_into(0, [memoryview(half)])
             await blob.aclose()
@@ -88,34 +91,4 @@ async def test_a_file_not_read_whole_leaves_nothing(tmp_path: Path, trail: bool)
     await commits.wait(target.cache.root)
     assert bytes(half) == data[: len(half)]
     assert not target.cache.blob(target.blob_id).exists()
-    assert not list(target.cache.root.rglob("*.tmp"))
-
-
-async def test_trailing_writes_hold_no_read_back_and_end_before_the_close(tmp_path: Path) -> None:
-    """A load into host memory: its reads return while their writes wait for the lane,
-    and the close (the load's return) waits for them; then the blob is whole."""
-    path = write_file(tmp_path / "m.safetensors", random_tensors(count=8, big=100_000))
-    data = path.read_bytes()
-    target = _target(tmp_path, data)
-    gate = threading.Event()
-
-    with Lanes(2) as lanes, Lane("writes", 1) as lane:
-        files = FileSource(lanes)
-        try:
-            blob = await filling(await files.open(str(path)), target, lane, trail=True)
-            held = lane.submit(gate.wait, 30)  # the writes' one thread, busy
-            whole = bytearray(len(data))
-            await asyncio.wait_for(blob.read_into(0, [memoryview(whole)]), 10)
-            closing = asyncio.create_task(blob.aclose())
-            await asyncio.sleep(0.2)
-            assert not closing.done()  # its write has not run yet
-            gate.set()
-            await asyncio.wait_for(closing, 10)
-            assert held.result() is True
-        finally:
-            gate.set()
-            await files.aclose()
-    await commits.wait(target.cache.root)
-    assert bytes(whole) == data
-    assert target.cache.blob(target.blob_id).read_bytes() == data
     assert not list(target.cache.root.rglob("*.tmp"))

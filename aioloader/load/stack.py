@@ -101,10 +101,8 @@ class SourceStack(Stores):
         if writes is None:
             from ..sinks.hf.cache_writes import HfCacheWrites
 
-            # Host tensors stay as they were read until the load returns: the writes
-            # trail the reads; a staged (GPU) load reuses its buffers at once: each
-            # read is written first.
-            writes = self._sources[key] = HfCacheWrites(
-                self.hub(where), lane=self.lanes.cache, trail=not self.staged
-            )
+            # Host tensors stay as they were read until the write after the load; a
+            # staged (GPU) load reuses its buffers at once: each read is written first.
+            through = self.lanes.cache if self.staged else None
+            writes = self._sources[key] = HfCacheWrites(self.hub(where), through=through)
         return writes

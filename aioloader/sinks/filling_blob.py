@@ -4,14 +4,11 @@
 the cache has already are read from it; a range read from the remote is written
 through (``through``: a lane, for staged loads whose buffers are reused as soon as
 the read returns: the read waits for its write, so memory stays bounded by the
-staging ring with no queue between them), written trailing the reads (``trail``:
-host tensors, which stay as they are until the load returns: the read goes on at
-once, and closing the blob waits for the writes, so they are done before the caller
-holds the tensors), or kept to be written after the load (``through=None``).
-When a write finds the cache unable to take the bytes, the sink gives up and the
-blob reads on from the remote alone. Closing the blob, once no write is running (a
-write still in its thread must not meet a closed file), hands the file to the
-sink's ``commit``.
+staging ring with no queue between them) or kept to be written after the load
+(``through=None``: host tensors, which stay as they are). When a write finds the
+cache unable to take the bytes, the sink gives up and the blob reads on from the
+remote alone. Closing the blob, once no write is running (a write still in its
+thread must not meet a closed file), hands the file to the sink's ``commit``.
 """
 
 from __future__ import annotations
@@ -38,19 +35,13 @@ class FillingBlob(ForwardingBlob):
         sink: the file on its way into a cache.
         through: the lane that writes each range before its read returns; None: the
             sink keeps the caller's memory and writes it after the load.
-        trail: the read returns at once and its write trails it in ``through``;
-            closing waits for the writes (for memory that stays as it is until then).
     """
 
-    def __init__(
-        self, inner: Blob, sink: Sink, *, through: Lane | None, trail: bool = False
-    ) -> None:
+    def __init__(self, inner: Blob, sink: Sink, *, through: Lane | None) -> None:
         super().__init__(inner)
         self.sink = sink
         self._through = through
-        self._trail = trail and through is not None
         self._writing: set[asyncio.Future[None]] = set()
-        self._failure: BaseException | None = None  # a trailing write's, raised at the close
         self._closed = False
 
     def __repr__(self) -> str:
@@ -111,33 +102,14 @@ class FillingBlob(ForwardingBlob):
         def done(f: asyncio.Future[None]) -> None:
             # On the loop, before any task awaiting ``f`` resumes: ``aclose`` sees it.
             self._writing.discard(f)
-            if f.cancelled():
-                return
-            exc = f.exception()
-            if exc is None:
+            if not f.cancelled() and f.exception() is None:
                 sink.written.add(offset, end)
-            elif self._trail and sink.caching:  # no read waits for it to be told
-                self._trail_failed(exc)
 
         future.add_done_callback(done)
-        if self._trail:
-            return
         try:
             await finish_before_cancel(future)
         except OSError as exc:
             sink.failed(exc)
-
-    def _trail_failed(self, exc: BaseException) -> None:
-        """A trailing write failed: the sink gives up on the file (and says why), or
-        where the sink would fail the load, the close raises its error."""
-        if isinstance(exc, OSError):
-            try:
-                self.sink.failed(exc)
-                return
-            except Exception as raised:
-                exc = raised
-        self.sink.caching = False
-        self._failure = self._failure or exc
 
     async def aclose(self) -> None:
         if self._closed:
@@ -153,5 +125,3 @@ class FillingBlob(ForwardingBlob):
                     await finish_before_cancel(both)
             finally:
                 await self.sink.commit(self)
-        if self._failure is not None:
-            raise self._failure

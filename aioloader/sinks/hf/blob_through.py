@@ -1,26 +1,24 @@
-"""A file read from the Hub, written into the hub cache as it arrives.
+"""A file read from the Hub by a staged (GPU) load, written into the hub cache as it arrives.
 
-The hub cache's sink (sink.py) writes each range into ``TemporaryBlob``, a temporary
-file in ``blobs/``, at the offset it belongs at, in the owner's ``cache`` lane. A
-staged (GPU) load reads into slots of its staging ring, which go back to the readers
-as soon as each copy to the device completes: its read waits for its write, so the
-slot is not reused before its bytes are on their way to disk, and memory stays
-bounded by the ring with no queue between them. A load into host memory reads into
-the caller's tensors, which stay as they are until the load returns: its writes
-trail the reads, and the load returns once they are done (sinks/filling_blob.py).
-A range read twice, or overlapping another, is the same bytes written twice at the
-same place.
+A staged load reads into slots of its staging ring, which go back to the readers
+as soon as each copy to the device completes: the bytes are gone after the load,
+so the write after the load (blob_writer.py) cannot serve it. The hub cache's sink
+(sink.py) writes each range into ``TemporaryBlob``, a temporary file in ``blobs/``,
+at the offset it belongs at, before its read returns (in the owner's ``cache``
+lane: the read waits for its write, so the slot is not reused before its bytes are
+on their way to disk, and memory stays bounded by the ring with no queue between
+them). A range read twice, or overlapping another, is the same bytes written twice
+at the same place.
 
 When the blob closes having been read whole, a commit thread (sinks/commits.py) checks the
 digest the Hub publishes (blob_writer.py's ``publish``), syncs the file and renames it into
 place; then the snapshot's link is made. Where the load checked that digest itself
 (``Blob.checked``: sources/verifying.py hashed every byte as it arrived) and no range
 was written twice, the file holds the bytes it hashed, and they are not hashed again:
-each was written from the memory it was read into before that memory could change
-(before its read returned, or before the load did), the hash read the same memory,
-and a change in between would have failed the load's check. Else (a range written
-twice: its bytes may differ from the ones hashed) the file is hashed as written,
-from disk.
+each was written from the memory it was read into before its read returned, the hash
+read the same memory, and a change in between would have failed the load's check. Else
+(a range written twice: its bytes may differ from the ones hashed) the file is hashed
+as written, from disk.
 A file not read whole (``tensors=``, a failed or cancelled load), a mismatch, or a
 cache that cannot take the bytes: the temporary file is removed, and nothing
 appears under a final name.

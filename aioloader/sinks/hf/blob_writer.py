@@ -1,10 +1,17 @@
-"""Where a weight file read from the Hub goes in the hub cache, and how it gets there.
+"""A file read from the Hub, written into the hub cache after the load has returned.
 
-``WeightFile`` names the blob and the snapshot's link; ``publish`` renames a file
-written whole and synced into ``blobs/<id>`` when its digest is the blob's id: the
-LFS sha256 the Hub publishes for a weight file, the git blob sha1 of a regular one
-(``blob_digest``); a mismatch leaves it for its writer to remove, with a warning.
-The temporary file itself is written as the load reads (blob_through.py).
+The hub cache's sink (sink.py) keeps the ranges a load read: views of the caller's
+tensors (a load into host memory) and the header bytes. When the blob closes, a
+commit thread (sinks/commits.py, shared with the node cache) runs ``write_blob``: only a file
+read whole is written, chunk by chunk, each chunk copied once and hashed as the
+very bytes that go to disk, into a temporary name in ``blobs/``. The digest is
+checked against the blob's id before the rename: the LFS sha256 the Hub publishes
+for a weight file, the git blob sha1 of a regular one. A corrupted download, and a
+tensor the caller changed in place before it was written, both fail that check,
+and the blob is dropped with a warning: the published digest is the one witness
+that covers both, so no digest is taken on arrival (the load pays no hashing).
+Hashing the copy that is written, not the caller's memory, leaves no window for a
+change between the check and the write.
 """
 
 from __future__ import annotations
@@ -17,20 +24,25 @@ from pathlib import Path
 from typing import Any
 
 from ...redact import redacting_logger
-from ...sources.hf.hf_cache import HfCache
+from ...sources.hf.hf_cache import HfCache, sweep_temporaries, temporary_name
 from ...sources.hf.snapshot import Snapshot
 
 __all__ = [
     "CHUNK",
+    "Ranges",
     "WeightFile",
     "blob_digest",
     "committed",
     "publish",
+    "write_blob",
 ]
 
 logger = redacting_logger(__name__)
 
 CHUNK = 1 << 20
+_CHANGED = "a corrupted download, or a tensor changed in place before it was written"
+
+Ranges = list[tuple[int, memoryview]]
 
 
 def blob_digest(blob_id: str, size: int) -> Any:
@@ -40,6 +52,50 @@ def blob_digest(blob_id: str, size: int) -> Any:
     git = hashlib.sha1(usedforsecurity=False)
     git.update(b"blob %d\0" % size)
     return git
+
+
+def _in_order(ranges: Ranges, size: int) -> list[memoryview] | None:
+    """Views covering ``[0, size)`` back to back, taken from ``ranges`` (which may
+    overlap), or None when some byte was never read."""
+    out, at = [], 0
+    for offset, view in sorted(ranges, key=lambda r: r[0]):
+        if offset > at:
+            return None
+        end = offset + view.nbytes
+        if end > at:
+            out.append(view[at - offset :])
+            at = end
+    return out if at >= size else None
+
+
+def write_blob(cache: HfCache, blob_id: str, size: int, ranges: Ranges) -> bool:
+    """Write the file ``ranges`` cover into ``blobs/<blob_id>``; False (with a warning)
+    when its bytes are not ``blob_id``'s. Blocking: a commit thread runs it."""
+    if committed(cache, blob_id, size):
+        return True
+    final = cache.blob(blob_id)
+    views = _in_order(ranges, size)
+    if views is None:
+        return False
+    final.parent.mkdir(parents=True, exist_ok=True)
+    sweep_temporaries(final)
+    temporary = temporary_name(final)
+    digest = blob_digest(blob_id, size)
+    copy = memoryview(bytearray(CHUNK))
+    try:
+        with open(temporary, "wb") as out:
+            for view in views:
+                for start in range(0, view.nbytes, CHUNK):
+                    piece = view[start : start + CHUNK]
+                    chunk = copy[: piece.nbytes]
+                    chunk[:] = piece  # the one copy: hashed and written, not the caller's bytes
+                    digest.update(chunk)
+                    out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        return publish(cache, blob_id, temporary, digest.hexdigest(), _CHANGED)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def committed(cache: HfCache, blob_id: str, size: int) -> bool:

@@ -2,11 +2,11 @@
 
 ``HfCacheWrites`` wraps an ``HfSource``: every weight file the source reads from the
 network comes back as a ``FillingBlob`` (sinks/) whose ``HubSink`` (sink.py) also
-fills the hub cache: each range is written into a temporary file (blob_through.py),
-trailing the reads for loads into host memory (the load returns once the writes
-have), before its read returns for staged (GPU) loads, whose buffers are reused
-at once. Either way a file read whole is committed only when its digest is the
-one the Hub publishes, and the load's own check of it is the commit's. The first time a
+fills the hub cache: for loads into host memory, its bytes are written once it
+closes, after the load has returned (blob_writer.py); for staged (GPU) loads, whose
+buffers are reused as soon as a read returns, each range is written into a
+temporary file before its read returns (blob_through.py). Either way a file read
+whole is committed only when its digest is the one the Hub publishes. The first time a
 folder of a commit is loaded, the small non-weight files under that folder (config,
 tokenizer, generation config...) are downloaded into the cache too, by
 huggingface_hub itself, and the ref the URL named is recorded, so a serving engine
@@ -86,23 +86,21 @@ class HfCacheWrites(Source):
 
     Args:
         inner: the Hub's source; it belongs to the caller and stays open.
-        lane: the lane that writes the ranges read (blob_through.py).
-        trail: the reads land in host tensors that stay as they are until the load
-            returns: the writes trail them. False (staged, GPU, loads, whose
-            buffers are reused as soon as a read returns): each read waits for its
-            write.
+        through: for staged (GPU) loads, whose buffers are reused as soon as a read
+            returns: the lane that writes each range before its read returns
+            (blob_through.py). None: the reads land in host tensors that stay as
+            they are, written after the load (blob_writer.py).
 
     Both ways are the one ``HubSink`` (sink.py) behind a ``FillingBlob`` (sinks/).
     """
 
-    def __init__(self, inner: HfSource, *, lane: Lane, trail: bool) -> None:
+    def __init__(self, inner: HfSource, *, through: Lane | None = None) -> None:
         self.inner = inner
-        self.lane = lane
-        self.trail = trail
+        self.through = through
         self._seen: set[tuple[Path, str, str, str]] = set()
 
     def __repr__(self) -> str:
-        mode = "trailing" if self.trail else "through"
+        mode = "through" if self.through is not None else "after"
         return f"<HfCacheWrites {self.inner!r} writes={mode}>"
 
     def statistics(self) -> object:
@@ -134,7 +132,7 @@ class HfCacheWrites(Source):
         if not opened.path.endswith(".safetensors") or not blob_id:
             return opened.blob  # the small files are huggingface_hub's to write
         target = WeightFile(cache, snapshot, opened.path, opened.blob.size, blob_id)
-        return await filling(opened.blob, target, self.lane, self.trail)
+        return await filling(opened.blob, target, self.through)
 
     async def aclose(self) -> None:
         """Nothing of its own to close: the writes finish in the commit threads."""
