@@ -49,7 +49,7 @@ async def test_ranges_read_in_any_order_make_one_right_blob(tmp_path: Path, thro
         files = FileSource(lanes)
         try:
             blob = await filling(
-                await files.open(str(path)), target, lanes.cache if through else None
+                await files.open(str(path)), target, lanes.cache if through else None, lanes.cache
             )
             assert isinstance(blob, FillingBlob)
             header = await blob.read_bytes(0, 8)
@@ -81,7 +81,7 @@ async def test_a_file_not_read_whole_leaves_nothing(tmp_path: Path, through: boo
         files = FileSource(lanes)
         try:
             blob = await filling(
-                await files.open(str(path)), target, lanes.cache if through else None
+                await files.open(str(path)), target, lanes.cache if through else None, lanes.cache
             )
             half = bytearray(len(data) // 2)
             await blob.read_into(0, [memoryview(half)])

@@ -104,5 +104,7 @@ class SourceStack(Stores):
             # Host tensors stay as they were read until the write after the load; a
             # staged (GPU) load reuses its buffers at once: each read is written first.
             through = self.lanes.cache if self.staged else None
-            writes = self._sources[key] = HfCacheWrites(self.hub(where), through=through)
+            writes = self._sources[key] = HfCacheWrites(
+                self.hub(where), through=through, lane=self.lanes.cache
+            )
         return writes

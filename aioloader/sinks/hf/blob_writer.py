@@ -1,27 +1,34 @@
 """A file read from the Hub, written into the hub cache after the load has returned.
 
 The hub cache's sink (sink.py) keeps the ranges a load read: views of the caller's
-tensors (a load into host memory) and the header bytes. When the blob closes, a
-commit thread (sinks/commits.py, shared with the node cache) runs ``write_blob``: only a file
-read whole is written, chunk by chunk, each chunk copied once and hashed as the
-very bytes that go to disk, into a temporary name in ``blobs/``. The digest is
-checked against the blob's id before the rename: the LFS sha256 the Hub publishes
-for a weight file, the git blob sha1 of a regular one. A corrupted download, and a
-tensor the caller changed in place before it was written, both fail that check,
-and the blob is dropped with a warning: the published digest is the one witness
-that covers both, so no digest is taken on arrival (the load pays no hashing).
-Hashing the copy that is written, not the caller's memory, leaves no window for a
-change between the check and the write.
+tensors (a load into host memory) and the header bytes, each with an xxh3 digest of
+its bytes taken as it arrived (in a thread). When the blob closes, a commit thread
+(sinks/commits.py, shared with the node cache) runs ``write_blob``: only a file read
+whole is written, chunk by chunk, each chunk copied once, into a temporary name in
+``blobs/``, and its digest is checked against the blob's id before the rename: the
+LFS sha256 the Hub publishes for a weight file, the git blob sha1 of a regular one.
+
+Where the load checked that digest itself as the bytes arrived (``Blob.checked``,
+sources/verifying.py), the blob is not hashed a second time: each range's copy is
+checked against its arrival digest instead (xxh3, some 20 times cheaper than SHA-256),
+so the file written holds the bytes the load checked. A tensor the caller changed in
+place before it was written fails that check, and the blob is dropped with a warning.
+Where two ranges overlap (the header's probe and the first tensors) and their bytes
+differ, or the load did not check the file, the copy that is written is hashed as it
+is written, the published digest being the one witness then. Hashing or checking the
+copy, not the caller's memory, leaves no window for a change between check and write.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import xxhash
 
 from ...redact import redacting_logger
 from ...sources.hf.hf_cache import HfCache, sweep_temporaries, temporary_name
@@ -29,6 +36,7 @@ from ...sources.hf.snapshot import Snapshot
 
 __all__ = [
     "CHUNK",
+    "Kept",
     "Ranges",
     "WeightFile",
     "blob_digest",
@@ -43,6 +51,7 @@ CHUNK = 1 << 20
 _CHANGED = "a corrupted download, or a tensor changed in place before it was written"
 
 Ranges = list[tuple[int, memoryview]]
+Kept = tuple[int, Sequence[memoryview], str]  # offset, views, xxh3 digest on arrival
 
 
 def blob_digest(blob_id: str, size: int) -> Any:
@@ -68,34 +77,100 @@ def _in_order(ranges: Ranges, size: int) -> list[memoryview] | None:
     return out if at >= size else None
 
 
-def write_blob(cache: HfCache, blob_id: str, size: int, ranges: Ranges) -> bool:
-    """Write the file ``ranges`` cover into ``blobs/<blob_id>``; False (with a warning)
-    when its bytes are not ``blob_id``'s. Blocking: a commit thread runs it."""
+def write_blob(cache: HfCache, blob_id: str, size: int, kept: list[Kept], checked: bool) -> bool:
+    """Write the file the ``kept`` ranges cover into ``blobs/<blob_id>``; False (with a
+    warning) when its bytes are not ``blob_id``'s. ``checked``: the load checked the
+    bytes it read against ``blob_id`` (see the module). Blocking: a commit thread runs it."""
     if committed(cache, blob_id, size):
         return True
-    final = cache.blob(blob_id)
-    views = _in_order(ranges, size)
+    kept = sorted(kept, key=lambda k: k[0])
+    flat = [(o, v) for offset, views, _ in kept for o, v in _placed(offset, views)]
+    views = _in_order(flat, size)
     if views is None:
         return False
+    final = cache.blob(blob_id)
     final.parent.mkdir(parents=True, exist_ok=True)
     sweep_temporaries(final)
     temporary = temporary_name(final)
-    digest = blob_digest(blob_id, size)
-    copy = memoryview(bytearray(CHUNK))
     try:
-        with open(temporary, "wb") as out:
-            for view in views:
-                for start in range(0, view.nbytes, CHUNK):
-                    piece = view[start : start + CHUNK]
-                    chunk = copy[: piece.nbytes]
-                    chunk[:] = piece  # the one copy: hashed and written, not the caller's bytes
-                    digest.update(chunk)
-                    out.write(chunk)
-            out.flush()
+        with open(temporary, "w+b", buffering=0) as out:  # read back where ranges overlap
+            if checked:
+                found = _write_known(out.fileno(), kept, blob_id, size)
+            else:
+                found = _write_hashed(out.fileno(), views, blob_id, size)
             os.fsync(out.fileno())
-        return publish(cache, blob_id, temporary, digest.hexdigest(), _CHANGED)
+        return publish(cache, blob_id, temporary, found, _CHANGED)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _placed(offset: int, views: Sequence[memoryview]) -> list[tuple[int, memoryview]]:
+    out = []
+    for view in views:
+        out.append((offset, view))
+        offset += view.nbytes
+    return out
+
+
+def _write_all(fd: int, data: memoryview, at: int) -> None:
+    done = 0
+    while done < data.nbytes:
+        done += os.pwrite(fd, data[done:], at + done)
+
+
+def _write_hashed(fd: int, views: list[memoryview], blob_id: str, size: int) -> str:
+    """Write ``views`` back to back, hashing the copy written; its digest."""
+    digest = blob_digest(blob_id, size)
+    copy = memoryview(bytearray(CHUNK))
+    at = 0
+    for view in views:
+        for start in range(0, view.nbytes, CHUNK):
+            piece = view[start : start + CHUNK]
+            chunk = copy[: piece.nbytes]
+            chunk[:] = piece  # the one copy: hashed and written, not the caller's bytes
+            digest.update(chunk)
+            _write_all(fd, chunk, at)
+            at += chunk.nbytes
+    return str(digest.hexdigest())
+
+
+def _write_known(fd: int, kept: list[Kept], blob_id: str, size: int) -> str:
+    """Write the ``kept`` ranges (in offset order, no gap), each range's copy checked
+    against its arrival digest: ``blob_id`` when every one matches (the load checked
+    those bytes), the digest of the file as written when two overlapping ranges
+    differ, ``""`` (no blob's) when a range changed since it arrived."""
+    copy = memoryview(bytearray(CHUNK))
+    at = 0  # bytes written
+    differ = False
+    for offset, views, digest in kept:
+        check = xxhash.xxh3_64()
+        position = offset
+        for view in views:
+            view = view.cast("B") if view.format != "B" else view
+            for start in range(0, view.nbytes, CHUNK):
+                piece = view[start : start + CHUNK]
+                chunk = copy[: piece.nbytes]
+                chunk[:] = piece
+                check.update(chunk)
+                end = position + chunk.nbytes
+                skip = min(max(0, at - position), chunk.nbytes)
+                if skip and not differ:  # bytes written already, from another range
+                    differ = os.pread(fd, skip, position) != chunk[:skip]
+                if end > at:
+                    _write_all(fd, chunk[skip:], position + skip)
+                    at = end
+                position = end
+        if check.hexdigest() != digest:
+            return ""
+    return _hashed(fd, blob_id, size) if differ else blob_id
+
+
+def _hashed(fd: int, blob_id: str, size: int) -> str:
+    """The digest of the file as written, read from disk."""
+    digest = blob_digest(blob_id, size)
+    for start in range(0, size, CHUNK):
+        digest.update(os.pread(fd, min(CHUNK, size - start), start))
+    return str(digest.hexdigest())
 
 
 def committed(cache: HfCache, blob_id: str, size: int) -> bool:

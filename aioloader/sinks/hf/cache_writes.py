@@ -90,13 +90,15 @@ class HfCacheWrites(Source):
             returns: the lane that writes each range before its read returns
             (blob_through.py). None: the reads land in host tensors that stay as
             they are, written after the load (blob_writer.py).
+        lane: where the digests of the ranges kept for the write after are taken.
 
     Both ways are the one ``HubSink`` (sink.py) behind a ``FillingBlob`` (sinks/).
     """
 
-    def __init__(self, inner: HfSource, *, through: Lane | None = None) -> None:
+    def __init__(self, inner: HfSource, *, through: Lane | None = None, lane: Lane) -> None:
         self.inner = inner
         self.through = through
+        self.lane = lane
         self._seen: set[tuple[Path, str, str, str]] = set()
 
     def __repr__(self) -> str:
@@ -132,7 +134,7 @@ class HfCacheWrites(Source):
         if not opened.path.endswith(".safetensors") or not blob_id:
             return opened.blob  # the small files are huggingface_hub's to write
         target = WeightFile(cache, snapshot, opened.path, opened.blob.size, blob_id)
-        return await filling(opened.blob, target, self.through)
+        return await filling(opened.blob, target, self.through, self.lane)
 
     async def aclose(self) -> None:
         """Nothing of its own to close: the writes finish in the commit threads."""
