@@ -39,6 +39,7 @@ class LoopClock:
 
     def __init__(self) -> None:
         self.callbacks = 0
+        self.spent = 0.0  # all callbacks together
         self.worst = 0.0
         self.worst_callback = ""
         self.worst_collection = 0.0
@@ -59,6 +60,7 @@ class LoopClock:
             finally:
                 spent = time.thread_time() - start - (clock._collected - collected)
                 clock.callbacks += 1
+                clock.spent += spent
                 if spent > clock.worst:
                     clock.worst = spent
                     clock.worst_callback = repr(handle)

@@ -48,6 +48,19 @@ def test_min_speed(value: object) -> None:
         HttpOptions(min_speed=value)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("value", [*BAD_COUNTS, 65, 10**6, 10**400, 4.0, "2", b"2"], ids=repr)
+def test_receive_lanes(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"^receive_lanes must be") as info:
+        HttpOptions(receive_lanes=value)  # type: ignore[arg-type]
+    assert "from 1 (the event loop's own, the default) to 64" in str(info.value)
+    assert isinstance(info.value, ValueError) and len(str(info.value)) < 300
+
+
+def test_receive_lanes_from_one_to_sixty_four() -> None:
+    assert HttpOptions().receive_lanes == 1
+    assert [HttpOptions(receive_lanes=n).receive_lanes for n in (1, 2, 64)] == [1, 2, 64]
+
+
 @pytest.mark.parametrize(
     "value", [NAN, INF, 1.5, -(1 << 20), True, None, b"16MiB", "9" * 400, "9" * 400 + "TiB"]
 )

@@ -28,7 +28,9 @@ ordered): ``Lane("copy", 1)``, a staged device's copy stream (devices/staged.py)
 ``Lane("exchange", 1)``, a group's broadcasts, per load (distributed.py); and
 ``start_thread``'s threads, each the event loop of one sync call (sync.py):
 ``sync``, a call made by synchronous code that may stand on a running loop's thread
-(vLLM's cache fill), and ``vllm``, one vLLM weight stream (vllm.py).
+(vLLM's cache fill), and ``vllm``, one vLLM weight stream (vllm.py). ``receive``: the
+threads of ``HttpOptions.receive_lanes``, each an event loop that receives range bodies,
+owned by one remote store's transport and closed with it (sources/http/lanes.py).
 
 Per process, on purpose (``SharedPool``): ``cache-write``, the writes of a load's
 bytes into the cache after the load has returned (cache/write_after.py), and
@@ -346,15 +348,21 @@ async def run_blocking(
         raise
 
 
-async def finish_before_cancel(future: asyncio.Future[T]) -> T:
+async def finish_before_cancel(
+    future: asyncio.Future[T], stop: Callable[[], object] | None = None
+) -> T:
     """Await ``future``; when cancelled meanwhile, wait for it to finish, then re-raise.
 
     For work that cannot be called back (a thread's read, a copy on a GPU stream):
-    its resources must not be reused while it may still touch them.
+    its resources must not be reused while it may still touch them. ``stop``, called
+    once on cancellation, asks work that can end early to do so (a task on another
+    thread's loop); the wait for its end is the same.
     """
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
+        if stop is not None:
+            stop()
         while not future.done():
             try:
                 await asyncio.wait([future])

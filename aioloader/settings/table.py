@@ -160,6 +160,13 @@ KEYWORDS: tuple[Setting, ...] = (
         _seconds,
     ),
     Setting(
+        "receive_lanes",
+        "http",
+        (int,),
+        "threads receiving range bodies (1: the loop's own)",
+        _integer,
+    ),
+    Setting(
         "s3_endpoint_url",
         "s3",
         (str,),

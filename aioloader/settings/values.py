@@ -34,6 +34,8 @@ MIN_MEMORY_LIMIT = 64 * KiB
 # The longest time any setting may name: a timeout beyond it is a typo (or an attempt
 # at "never"), and would overflow the clocks and waits that take it later.
 MAX_SECONDS = 10_000_000.0  # about 115 days
+# More receive threads than this is a typo: one core receives about 2 GB/s.
+MAX_RECEIVE_LANES = 64
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 # A header name is an RFC 9110 token; its value may not break the request's lines.
@@ -269,6 +271,9 @@ class HttpOptions:
         speed_window: seconds over which ``min_speed`` is measured.
         deadline: seconds one byte range may take, every attempt included
             (``None``: no limit beyond the attempts and the checks above).
+        receive_lanes: threads that receive range bodies into their tensors, each with
+            its own event loop and connections; ``1`` receives them on the caller's
+            event loop, as one core can (raise it when that thread is the bottleneck).
         url_policy: called with every URL before a request is sent to it (the URL
             asked for, each shard an index names, each redirect target); it raises a
             ``LoaderError`` to refuse one. The preload daemon's allow-list is one.
@@ -283,6 +288,7 @@ class HttpOptions:
     min_speed: int = 16 * KiB
     speed_window: float = 30.0
     deadline: float | None = None
+    receive_lanes: int = 1
     url_policy: Callable[[str], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -300,6 +306,16 @@ class HttpOptions:
         check_number("speed_window", self.speed_window, positive=True, maximum=MAX_SECONDS)
         if self.deadline is not None:
             check_number("deadline", self.deadline, positive=True, maximum=MAX_SECONDS)
+        try:
+            check_number(
+                "receive_lanes", self.receive_lanes, integer=True, positive=True,
+                maximum=MAX_RECEIVE_LANES,
+            )  # fmt: skip
+        except ConfigError as exc:
+            raise ConfigError(
+                f"{exc}: the threads that receive range bodies, from 1 (the event loop's "
+                f"own, the default) to {MAX_RECEIVE_LANES}"
+            ) from None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ Tools (each is one way of doing the same job):
   ``max_segments`` 4 KiB pages. Side by side with ``direct`` it shows how much
   of a virtual disk's speed is set by the size of each request.
 * ``curl``        -- the reference over HTTP: one ``curl`` downloading the files
-  one after the other over one connection into ``/dev/null``.
+  one after the other over one connection into ``/dev/null`` (in
+  ``model-http-parallel``, ``--lanes`` of them at once, see below).
 * ``s5cmd``       -- the reference over S3: one ``s5cmd run`` that runs ``cat`` on
   every object at once into ``/dev/null``, each in parallel ranged parts.
 
@@ -76,6 +77,23 @@ the model over HTTP by its index URL, loaded three ways side by side, each with
 Its cache folders are made in a temporary folder in ``--out`` and removed at
 the end. Its headline is ``warm-cache / cold-remote``.
 
+``model-http-parallel`` (on request only: ``--scenarios model-http-parallel``) is
+``model-http`` with every tool receiving on ``--lanes N`` cores (default: the CPUs
+this process may use, at least 2; printed with the run's settings and in the table's
+title), for when one core receiving is the bottleneck:
+
+* ``aioloader`` -- ``load_model`` of the index URL with
+  ``HttpOptions(receive_lanes=N)``: range bodies received on N threads, each with an
+  event loop and connections of its own;
+* ``curl``      -- N ``curl`` processes at once: the files' bytes, end to end, cut
+  into N contiguous runs of about equal length, each fetched by one process as
+  ``--range`` requests (one per file it touches, in turn, over one connection). Its
+  time ends with the last process; its bytes are the sum of their
+  ``%{size_download}``, its CPU their total. Their aggregate is the ceiling.
+
+Its scenario kind is ``http-parallel``: a name is its dataset, a dash, and a kind
+from ``scenarios.KIND_TOOLS``, matched whole (``kind_of``), never split at its last dash.
+
 Why it is built this way
 ------------------------
 * Every run is a fresh subprocess (``--worker TOOL PATH``), so the peak RSS
@@ -120,6 +138,7 @@ Usage::
     python scripts/bench.py --skip-remote      # local scenarios only: no nginx
     python scripts/bench.py --scenarios model-cache   # only cold remote vs the local cache
     python scripts/bench.py --scenarios model-cache --reuse-memory --repeat 6   # no fresh memory
+    python scripts/bench.py --scenarios model-http-parallel --lanes 2   # receiving on 2 cores
 
 Test data is generated once into ``--out`` (default ``bench-data/``, ignored by
 git) and reused while its files have the expected sizes.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import signal
@@ -13,7 +14,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from .config import REPO_ROOT, S3_BUCKET
+from .config import LANES, REPO_ROOT, S3_BUCKET
 from .data import Dataset, prepare_data
 from .machine import (
     apt_install,
@@ -32,11 +33,14 @@ from .scenarios import (
     CACHE_TOOLS,
     DEFAULT_SCENARIOS,
     EXTRA_TOOLS,
+    PARALLEL_SCENARIOS,
     SCENARIOS,
     TOOLS,
     dataset_of,
+    is_parallel,
     is_remote,
     kind_of,
+    scenario_tools,
 )
 from .tools.remote import s5cmd_binary
 from .worker import worker
@@ -59,7 +63,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=(overview or "").split("\n\n")[0],
         epilog=(
-            f"scenarios: {', '.join(DEFAULT_SCENARIOS)}; tools: {', '.join(TOOLS)} (and on request"
+            f"scenarios: {', '.join(DEFAULT_SCENARIOS)} (and on request"
+            f" {', '.join(PARALLEL_SCENARIOS)}); tools: {', '.join(TOOLS)} (and on request"
             f" {', '.join(EXTRA_TOOLS)}; model-cache's own: {', '.join(CACHE_TOOLS)})"
         ),
     )
@@ -78,6 +83,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--skip-remote", action="store_true", help="leave out the HTTP and S3 scenarios (no nginx)"
     )
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), metavar="NAME")
+    parser.add_argument(
+        "--lanes",
+        type=int,
+        metavar="N",
+        help="model-http-parallel: aioloader's receive_lanes, and how many curl processes"
+        " share the bytes (default: the CPUs this process may use, at least 2)",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results here")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 GiB model, 1 repetition")
     parser.add_argument(
@@ -100,6 +112,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.size_gib = 1.0 if args.quick else 3.0
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
+    if args.lanes is None:
+        args.lanes = max(2, len(os.sched_getaffinity(0)))
+    if args.lanes < 1:
+        parser.error(f"--lanes must be at least 1, not {args.lanes}")
     return args
 
 
@@ -120,10 +136,17 @@ def ensure_remote(args: argparse.Namespace, info: dict[str, Any]) -> None:
         print("  WARNING: could not install nginx; skipping " + " ".join(remote))
         args.scenarios = [s for s in args.scenarios if not is_remote(s)]
         return
-    if "curl" in args.tools and any(kind_of(s) == "http" for s in remote):
+    if any("curl" in scenario_tools(s, args.tools) for s in remote):
         apt_install("curl", lambda: shutil.which("curl"))
     info["remote"] = remote_versions()
     print("remote: " + "; ".join(f"{k}: {v}" for k, v in info["remote"].items()))
+
+
+def lanes_env(env: dict[str, str], lanes: int | None) -> dict[str, str]:
+    """``env`` with ``$BENCH_LANES`` set to ``lanes`` in a parallel scenario, and unset in
+    the others, whatever this process's environment holds."""
+    env = {k: v for k, v in env.items() if k != LANES}
+    return env if lanes is None else {**env, LANES: str(lanes)}
 
 
 def run_all(
@@ -146,6 +169,8 @@ def run_all(
                 scenario_env = remote_env(env)
                 if kind_of(scenario) == "s3":
                     scenario_env = s3_env(scenario_env, endpoint)
+            lanes = args.lanes if is_parallel(scenario) else None
+            scenario_env = lanes_env(scenario_env, lanes)
             caches = None
             if kind_of(scenario) == "cache":
                 caches = CacheFolders(args.out)
@@ -153,7 +178,7 @@ def run_all(
             results = run_scenario(
                 scenario, dataset, args.tools, args.repeat, scenario_env, url, caches
             )
-            summaries[scenario] = summarize(scenario, dataset, results)
+            summaries[scenario] = summarize(scenario, dataset, results, lanes)
             print("\n" + format_table(scenario, summaries[scenario]))
     return summaries
 
@@ -173,8 +198,10 @@ def bench(args: argparse.Namespace) -> int:
         info["fio"] = fio_version()
     ensure_remote(args, info)
     print_machine(info)
+    lanes = f", {args.lanes} lanes" if any(is_parallel(s) for s in args.scenarios) else ""
     print(
-        f"model {args.size_gib:g} GiB, {args.repeat} run(s) per tool, tools: {' '.join(args.tools)}"
+        f"model {args.size_gib:g} GiB, {args.repeat} run(s) per tool{lanes},"
+        f" tools: {' '.join(args.tools)}"
     )
     env = worker_env()
     if args.reuse_memory:

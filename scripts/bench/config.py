@@ -15,6 +15,9 @@ ENTRY = REPO_ROOT / "scripts" / "bench.py"
 
 # Set in the workers' environment by --reuse-memory (with a retaining jemalloc).
 REUSE_MEMORY = "BENCH_REUSE_MEMORY"
+# Set in the workers' environment of the parallel scenarios: --lanes, the cores that
+# receive at once (aioloader's receive_lanes, or that many curl processes).
+LANES = "BENCH_LANES"
 
 SHARDS = 4
 ONE_TENSOR_SHAPE = (32768, 32768)  # BF16: 2 GiB

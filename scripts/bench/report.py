@@ -12,8 +12,13 @@ from .scenarios import ceiling_of, is_remote, ours_of
 from .stats import ToolResult, paired_ratio, ratio
 
 
-def summarize(scenario: str, dataset: Dataset, results: dict[str, ToolResult]) -> dict[str, Any]:
-    """The table's numbers; "aioloader" in the keys stands for ``ours`` (see ``ours_of``)."""
+def summarize(
+    scenario: str, dataset: Dataset, results: dict[str, ToolResult], lanes: int | None = None
+) -> dict[str, Any]:
+    """The table's numbers; "aioloader" in the keys stands for ``ours`` (see ``ours_of``).
+
+    ``lanes``: the cores each tool received on, in the parallel scenarios.
+    """
     ours = results.get(ours_of(scenario))
     ours_median = ours.median if ours else None
     ceiling = results.get(ceiling_of(scenario))
@@ -40,6 +45,7 @@ def summarize(scenario: str, dataset: Dataset, results: dict[str, ToolResult]) -
         "ceiling": ceiling_of(scenario),
         "ours": ours_of(scenario),
         "aioloader_over_ceiling": ratio(ours_median, ceiling_median),
+        "lanes": lanes,
         "tools": tools,
     }
 
@@ -75,8 +81,10 @@ def format_table(scenario: str, summary: dict[str, Any]) -> str:
     def row(name: str, cells: Sequence[str]) -> str:
         return f"{name:<12}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=False))
 
+    lanes = summary.get("lanes")
+    across = f", received on {lanes} lanes" if lanes is not None else ""
     lines = [
-        f"{scenario}  ({size:.2f} GiB of tensors in {summary['files']} file(s))",
+        f"{scenario}  ({size:.2f} GiB of tensors in {summary['files']} file(s){across})",
         row("tool", headings),
     ]
     for tool, values in summary["tools"].items():

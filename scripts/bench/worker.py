@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import REUSE_MEMORY, KiB
+from .config import LANES, REUSE_MEMORY, KiB
 from .scenarios import CACHE_FILL
 from .tools.base import Prepared
 from .tools.cache import CACHE_PREPARE, wait_committed, warm_up_folder
 from .tools.local import PREPARE
-from .tools.remote import REMOTE_PREPARE, remote_job
+from .tools.remote import PARALLEL_PREPARE, REMOTE_PREPARE, remote_job
 
 
 def safetensors_files(target: Path) -> list[Path]:
@@ -73,13 +73,17 @@ def prepare(
 ) -> Prepared:
     """The tool's load of ``target``: from disk, or from ``url`` where nginx serves it.
 
-    The model-cache tools read through the cache in ``cache_dir`` (none: no cache).
+    The model-cache tools read through the cache in ``cache_dir`` (none: no cache); in
+    the parallel scenarios (``$BENCH_LANES`` set) the tools receive on that many cores.
     """
     if url is None:
         return PREPARE[tool](target, files)
     job = remote_job(target, files, url)
     if tool in CACHE_PREPARE:
         return CACHE_PREPARE[tool](job, cache_dir)
+    lanes = os.environ.get(LANES)
+    if lanes is not None:
+        return PARALLEL_PREPARE[tool](job, int(lanes))
     return REMOTE_PREPARE[tool](job)
 
 

@@ -220,7 +220,12 @@ class RangeClient:
                 future.cancel()
                 raise WireError(slow, timeout=True, slow=True)
 
+    async def aclose(self) -> None:
+        """``close()``, as a Receiver closes (lanes.py)."""
+        self.close()
+
     def close(self) -> None:
+        """Drop the idle connections; one in use is dropped once its transfer ends."""
         self._closed = True
         for connections in self._idle.values():
             for connection in connections:

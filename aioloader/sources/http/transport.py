@@ -1,7 +1,8 @@
 """One remote store's HTTP transport: an aiohttp session plus the direct range client.
 
 Requests go out signed by the store's Signer (signer.py). Range bodies take the
-direct client (client.py), which puts them straight into the caller's buffers;
+direct client (client.py), which puts them straight into the caller's buffers, on
+the caller's loop or on receive lanes (lanes.py, ``HttpOptions.receive_lanes``);
 everything else, and any answer the direct client will not take (errors,
 redirects, proxies), goes through aiohttp. Redirects are followed here, not by
 aiohttp, so that the configured headers only ever reach the URL's own origin and
@@ -20,7 +21,8 @@ from multidict import CIMultiDict
 
 from ...errors import ClosedError, SourceError
 from ...settings.values import HttpOptions
-from .client import Answer, RangeClient, WireError
+from .client import Answer, WireError
+from .lanes import Receiver, receiver
 from .retry import RetryableError
 from .rules import (
     MAX_REDIRECTS,
@@ -131,7 +133,7 @@ class HttpTransport:
         self._options = options
         self.signer = signer
         self._session: Any = None
-        self._wire: RangeClient | None = None
+        self._wire: Receiver | None = None  # made on first use
         self._direct: dict[tuple[str, str], bool] = {}  # (scheme, host): no proxy between
         self._closed = False
 
@@ -259,14 +261,12 @@ class HttpTransport:
         if wire_url is None:
             return False
         if self._wire is None:
-            options = self._options
-            self._wire = RangeClient(
-                await self.signer.ssl_context(),
-                options.connect_timeout,
-                options.stall_timeout,
-                options.min_speed,
-                options.speed_window,
-            )
+            context = await self.signer.ssl_context()
+            if self._closed:
+                raise ClosedError(f"this {self._owner} is closed")
+            if self._wire is None:  # a concurrent first request may have made it meanwhile
+                self._wire = receiver(context, self._options)
+        wire = self._wire
         signed = await self.signer.sign("GET", url, {**_IDENTITY, **headers}, origin=origin)
 
         def accept(answer: Answer) -> bool:
@@ -278,7 +278,7 @@ class HttpTransport:
             return True
 
         try:
-            refused = await self._wire.get_into(
+            refused = await wire.get_into(
                 wire_url, signed, sink.remaining, sink.current, sink.advance, accept
             )
         except WireError as exc:
@@ -313,9 +313,9 @@ class HttpTransport:
     async def aclose(self) -> None:
         """Close every connection; idempotent. Later requests raise ClosedError."""
         self._closed = True
-        if self._wire is not None:
-            self._wire.close()
-            self._wire = None
+        wire, self._wire = self._wire, None
+        if wire is not None:
+            await wire.aclose()
         session, self._session = self._session, None
         if session is not None:
             await session.close()

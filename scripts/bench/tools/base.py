@@ -39,10 +39,14 @@ def event_loop_runner() -> Callable[[Any], Any]:
 
 
 async def stream_all(
-    target: str | list[str], cache_dir: Any = None, into: dict[str, Any] | None = None
+    target: str | list[str],
+    cache_dir: Any = None,
+    into: dict[str, Any] | None = None,
+    http: Any = None,
 ) -> float | None:
     """``load_model(target)`` as a stream, which is the same load: the tensors go into
-    ``into``; returns when the first one arrived (``perf_counter``).
+    ``into``; returns when the first one arrived (``perf_counter``). ``http``: an
+    ``aioloader.HttpOptions`` (None: the defaults).
 
     The tensors are not the coroutine's result on purpose: on Python 3.11,
     ``asyncio.run`` formats ``repr`` of its main task (result included: four
@@ -53,7 +57,8 @@ async def stream_all(
 
     tensors = {} if into is None else into
     first = None
-    async with aioloader.Loader(cache_dir=cache_dir) as loader, loader.stream(target) as stream:
+    loader = aioloader.Loader(cache_dir=cache_dir, http=http)
+    async with loader, loader.stream(target) as stream:
         async for name, tensor in stream:
             if first is None:
                 first = time.perf_counter()
@@ -79,8 +84,9 @@ def import_for_load(target: str | list[str]) -> None:
         importlib.import_module(f"aioloader.sources.{row.module}")
 
 
-def aioloader_load(target: str | list[str]) -> Prepared:
-    """``aioloader.load_model(target)``: a path or URL, or a list of files.
+def aioloader_load(target: str | list[str], http: Any = None) -> Prepared:
+    """``aioloader.load_model(target)``: a path or URL, or a list of files; ``http``
+    an ``aioloader.HttpOptions`` for remote ones (None: the defaults).
 
     The package is imported here, before the clock, as every other tool's is:
     the worker times this preparation apart (``prepare_seconds``). ``import
@@ -93,7 +99,7 @@ def aioloader_load(target: str | list[str]) -> Prepared:
 
     def load() -> Loaded:
         tensors: dict[str, Any] = {}
-        first = run(stream_all(target, into=tensors))
+        first = run(stream_all(target, into=tensors, http=http))
         return Loaded(tensors, tensor_bytes(tensors), first=first)
 
     return load

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,16 +53,118 @@ def _remote_curl(job: RemoteJob) -> Prepared:
     curl reports the bytes it received per file (``%{size_download}``), which
     is what is counted.
     """
-    curl = shutil.which("curl")
-    if curl is None:
-        raise RuntimeError("curl is not installed")
-    command = [curl, "--silent", "--show-error", "--fail", "--write-out", "%{size_download}\n"]
+    command = [curl_binary(), *CURL_OPTIONS]
     for url in job.urls:
         command += ["--output", "/dev/null", url]
 
     def load() -> Loaded:
         done = subprocess.run(command, capture_output=True, text=True, check=True)
-        received = sum(int(float(n)) for n in done.stdout.split())
+        return Loaded(None, downloaded(done.stdout), in_process=False)
+
+    return load
+
+
+CURL_OPTIONS = ("--silent", "--show-error", "--fail", "--write-out", "%{size_download}\n")
+
+
+def curl_binary() -> str:
+    curl = shutil.which("curl")
+    if curl is None:
+        raise RuntimeError("curl is not installed")
+    return curl
+
+
+def downloaded(write_out: str) -> int:
+    """The bytes curl received: the sum of what ``--write-out`` printed per transfer."""
+    return sum(int(float(n)) for n in write_out.split())
+
+
+def _parallel_aioloader(job: RemoteJob, lanes: int) -> Prepared:
+    """``load_model`` with ``HttpOptions(receive_lanes=lanes)``: bodies received on that
+    many threads, each with an event loop of its own."""
+    from aioloader import HttpOptions
+
+    return aioloader_load(job.target, http=HttpOptions(receive_lanes=lanes))
+
+
+@dataclass(frozen=True)
+class Part:
+    """Bytes ``first`` to ``last`` (inclusive, as ``--range`` takes them) of file ``file``."""
+
+    file: int
+    first: int
+    last: int
+
+
+def split_bytes(sizes: list[int], parts: int) -> list[list[Part]]:
+    """The files' bytes, end to end, cut into ``parts`` contiguous runs of about equal
+    length (differing by at most a byte): each a list of ranges of consecutive files.
+
+    Every byte is in exactly one range; an empty file is in none, and a run is empty
+    only when there are fewer bytes than parts.
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be at least 1, not {parts}")
+    total = sum(sizes)
+    runs: list[list[Part]] = []
+    for k in range(parts):
+        start, end = total * k // parts, total * (k + 1) // parts
+        run: list[Part] = []
+        offset = 0
+        for i, size in enumerate(sizes):
+            first, last = max(start, offset), min(end, offset + size)
+            if first < last:
+                run.append(Part(i, first - offset, last - offset - 1))
+            offset += size
+        runs.append(run)
+    return runs
+
+
+def curl_part_command(curl: str, urls: list[str], run: list[Part]) -> list[str]:
+    """One curl fetching the ranges of ``run`` in turn, over one connection.
+
+    ``--next`` starts each transfer afresh: ``--range`` would otherwise apply to
+    every URL of the command.
+    """
+    command = [curl]
+    for n, part in enumerate(run):
+        command += ["--next"] if n else []
+        command += [*CURL_OPTIONS, "--range", f"{part.first}-{part.last}"]
+        command += ["--output", "/dev/null", urls[part.file]]
+    return command
+
+
+def _parallel_curl(job: RemoteJob, lanes: int) -> Prepared:
+    """``lanes`` curl processes at once, each fetching ``1/lanes`` of the bytes: the
+    files end to end cut into contiguous runs (``split_bytes``), as byte ranges.
+
+    Their aggregate is the ceiling of what ``lanes`` cores receive. The time is until
+    the last one ends; the bytes are the sum of what each received, and the CPU theirs
+    (all waited for, they are the worker's children).
+    """
+    curl = curl_binary()
+    commands = [curl_part_command(curl, job.urls, run) for run in split_bytes(job.sizes, lanes)]
+    commands = [command for command in commands if len(command) > 1]
+
+    def load() -> Loaded:
+        received, failures = 0, list[str]()
+        # Every one is waited for, however this ends; and so its CPU counts (RUSAGE_CHILDREN).
+        with ExitStack() as stack:
+            running = [
+                stack.enter_context(
+                    subprocess.Popen(
+                        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                    )
+                )
+                for command in commands
+            ]
+            for process in running:
+                out, err = process.communicate()
+                received += downloaded(out)
+                if process.returncode != 0:
+                    failures.append(f"curl exit {process.returncode}: {err.strip()}")
+        if failures:
+            raise RuntimeError("; ".join(failures))
         return Loaded(None, received, in_process=False)
 
     return load
@@ -104,4 +207,9 @@ REMOTE_PREPARE: dict[str, Callable[[RemoteJob], Prepared]] = {
     "runai": _remote_runai,
     "curl": _remote_curl,
     "s5cmd": _remote_s5cmd,
+}
+# The parallel scenarios' tools, given the cores that receive (--lanes).
+PARALLEL_PREPARE: dict[str, Callable[[RemoteJob, int], Prepared]] = {
+    "aioloader": _parallel_aioloader,
+    "curl": _parallel_curl,
 }
