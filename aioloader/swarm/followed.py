@@ -185,10 +185,13 @@ class Followed:
         finally:
             self._polls.watched -= 1
 
-    async def _while_late(self, fetch: Callable[[], Awaitable[bytes | None]]) -> bytes | None:
+    async def _while_late(
+        self, fetch: Callable[[], Awaitable[bytes | None]], what: str
+    ) -> bytes | None:
         """``fetch()``'s torrent, asked again while the node's answers time out (it took
-        the connection and answers late: a busy daemon) for the stall time at most; None
-        once it answers without one (or with one refused), refuses, or stays late. One
+        the connection and answers late: a busy daemon) for the stall time at most, then
+        ``TorrentLate`` (``what`` names the torrent); None once it answers without one (or
+        with one refused) or refuses. One
         late answer dropped the node before, with every file it served: 82 drops in one
         cold start of 32 nodes, and each dealt the model again; and so did one dropped
         connection (asking.py counts it late now): 76 drops in one cold start of a
@@ -200,7 +203,10 @@ class Followed:
             if raw is not None or not self._late(self.api) or self.gone is not None:
                 return raw
             if loop.time() - start > self._stall:
-                return None
+                raise TorrentLate(
+                    f"{self!r}: its torrent of the {what} was not answered for "
+                    f"{self._stall:g} s (a busy daemon: it takes the connection, answers late)"
+                )
             await asyncio.sleep(self._polls.interval())
 
     async def offer(self, name: str) -> FileOffer:
@@ -221,7 +227,7 @@ class Followed:
         raw = self.torrents.get(name)
         if raw is None and self._fetch_torrent is not None:
             fetch = self._fetch_torrent
-            raw = await self._while_late(lambda: fetch(self.api, offer))
+            raw = await self._while_late(lambda: fetch(self.api, offer), f"file {name}")
         if raw is None:
             raise SwarmError(f"{self!r}: its torrent of {name} could not be had")
         self.torrents[name] = raw
@@ -261,10 +267,15 @@ class Followed:
         if self.fetch_range is not None:
             check = partial(check_range_torrent, name, size, offset, length, listed.info_hash)
             fetch_range, digest = self.fetch_range, listed.info_hash
-            raw = await self._while_late(lambda: fetch_range(self.api, digest, check))
+            raw = await self._while_late(lambda: fetch_range(self.api, digest, check), what)
         if raw is None:
             raise SwarmError(f"{self!r}: its torrent of the {what} could not be had")
         return raw
+
+
+class TorrentLate(SwarmError):
+    """A followed node alive, answering its model's asks, whose answers to a torrent ask
+    stayed late for the stall time: too busy to be followed for that, not gone."""
 
 
 class NotListed(LookupError):
