@@ -160,10 +160,7 @@ async def test_a_torrent_answered_late_is_asked_again_for_the_stall_time() -> No
         manifest = Manifest(KEY, "http://origin/a.safetensors", NODE, "127.0.0.1:1", files=(offer,))
         try:
             async with _asker(0.2) as asker:
-                followed = Followed(
-                    Answer(api, NODE, manifest), KEY, asker.ask, stall, 1.0, asker.torrent,
-                    late=lambda a: a in asker.late,
-                )  # fmt: skip
+                followed = _following(api, manifest, asker, stall)
                 loop = asyncio.get_running_loop()
                 start = loop.time()
                 with pytest.raises(TorrentLate, match="not answered for 2 s"):
@@ -193,10 +190,7 @@ async def test_a_torrent_whose_connection_drops_is_asked_again_while_the_node_li
     async with serving("/v1/swarm/torrents/{hash}", [dropping]) as (api,):
         manifest = Manifest(KEY, "http://origin/a.safetensors", NODE, "127.0.0.1:1", files=(offer,))
         async with _asker(1.0) as asker:
-            followed = Followed(
-                Answer(api, NODE, manifest), KEY, asker.ask, stall, 1.0, asker.torrent,
-                late=lambda a: a in asker.late,
-            )  # fmt: skip
+            followed = _following(api, manifest, asker, stall)
             loop = asyncio.get_running_loop()
             start = loop.time()
             with pytest.raises(TorrentLate, match="not answered for 2 s"):
@@ -218,10 +212,7 @@ async def test_a_torrent_of_a_node_gone_meanwhile_is_not_asked_for_again() -> No
     async with serving("/v1/swarm/torrents/{hash}", [dropping]) as (api,):
         manifest = Manifest(KEY, "http://origin/a.safetensors", NODE, "127.0.0.1:1", files=(offer,))
         async with _asker(1.0) as asker:
-            followed = Followed(
-                Answer(api, NODE, manifest), KEY, asker.ask, 60.0, 1.0, asker.torrent,
-                late=lambda a: a in asker.late,
-            )  # fmt: skip
+            followed = _following(api, manifest, asker, 60.0)
             asked_for = asyncio.create_task(followed.torrent("a.safetensors"))
             await asyncio.sleep(0.5)
             followed.went(SwarmError("the node went away"))
@@ -246,13 +237,18 @@ async def test_a_torrent_refused_is_not_taken_for_a_late_one() -> None:
     async with serving("/v1/swarm/torrents/{hash}", [refused]) as (api,):
         manifest = Manifest(KEY, "http://origin/a.safetensors", NODE, "127.0.0.1:1", files=(offer,))
         async with _asker(1.0) as asker:
-            followed = Followed(
-                Answer(api, NODE, manifest), KEY, asker.ask, 30.0, 1.0, asker.torrent,
-                late=lambda a: a in asker.late,
-            )  # fmt: skip
+            followed = _following(api, manifest, asker, 30.0)
             with pytest.raises(SwarmError, match="could not be had") as caught:
                 await asyncio.wait_for(followed.torrent("a.safetensors"), 5)
     assert not isinstance(caught.value, TorrentLate)
+
+
+def _following(api: str, manifest: Manifest, asker: Asker, stall: float) -> Followed:
+    """The node at ``api`` followed, its torrents asked through ``asker``."""
+    return Followed(
+        Answer(api, NODE, manifest), KEY, asker.ask, stall, 1.0, asker.torrent,
+        late=lambda a: a in asker.late,
+    )  # fmt: skip
 
 
 def _dropping(asked: list[float]) -> Callable[[web.Request], Awaitable[web.Response]]:

@@ -247,28 +247,19 @@ class Ranged(Delivery):
                     logger.warning("%s: %s; read from the origin here", self._what(i), exc)
                     await self._pull(i)
                     break
-                except TorrentLate as exc:
-                    if follow.gone is not None:  # the node itself went: dealt again
-                        continue
-                    # Alive and busy: this range is read here, the node kept. Dropped,
-                    # every range it served was dealt again by this node's own view, to
-                    # owners that did not pull them (32 such drops: a one-file model read
-                    # 28.6 times from the origin by 32 nodes).
-                    logger.warning("%s: %s; read from the origin here", self._what(i), exc)
-                    await self._drop(i)
-                    await self._pull(i)
-                    break
                 except SwarmError as exc:
                     if follow.gone is not None:  # the node itself went: dealt again
                         continue
-                    if isinstance(exc, SwarmUnflushed) or (
+                    if isinstance(exc, (SwarmUnflushed, TorrentLate)) or (
                         isinstance(exc, SwarmStalled) and follow.node in self._delivered
                     ):
-                        # This range stalled, not the node (it served others, or sent
-                        # the range whole and this node's writes lagged): read it here.
-                        # Dropping the node for one range had every node that saw a
-                        # stall read all of its ranges from the origin (1.98x; at 32
-                        # nodes, 31 flushes unconfirmed cost a one-file model 6.1x).
+                        # This range stalled, not the node (it served others, sent the
+                        # range whole and this node's writes lagged, or it is alive and
+                        # too busy to answer for its torrent): read it here. Dropping
+                        # the node for one range had every node that saw a stall read
+                        # all of its ranges from the origin (1.98x; at 32 nodes, 31
+                        # flushes unconfirmed cost a one-file model 6.1x, 32 late torrent
+                        # asks 28.6x).
                         logger.warning("%s from %r: %s; read from the origin here",
                                        self._what(i), follow, exc)  # fmt: skip
                         await self._drop(i)
