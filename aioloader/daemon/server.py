@@ -259,6 +259,8 @@ class Server:
                     downloads.submit(record)
                 await self._exit.wait()
                 state.stopping = True
+                if coordinator is not None:  # the peers' held asks are answered now
+                    coordinator.manifests.release()
                 downloads.close()
                 deadline = asyncio.get_running_loop().time() + config.grace_period
             finally:

@@ -20,8 +20,11 @@ served by an idle holder. An operator may still ask with the bearer token (no pr
 then, and none given).
 
 A manifest answer carries an ETag; ``If-None-Match`` with it gets a 304, and the
-encoded manifest is kept until it changes: a follower asking twice a second costs
-neither an encoding nor the torrents sent again.
+encoded manifest is kept until it changes: a follower asking again costs neither an
+encoding nor the torrents sent again. With ``Prefer: wait=N`` too, an unchanged
+manifest's ask is held until it changes (answered then, at once) or for ``N`` seconds
+(``MAX_HOLD`` at most; then the 304), ``MAX_HELD`` asks at once at most (changes.py);
+a daemon stopping answers them all.
 
 Without peers configured both answer 404 ``no_swarm``. A manifest never shows a
 URL's credentials; its ``swarm`` address is this node's as the asking peer reached it
@@ -31,6 +34,7 @@ when the swarm listens on every interface. Both look at the seeded files first (
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -40,6 +44,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ..redact import redacting_logger
+from .changes import MAX_HOLD
 from .manifest import Manifest
 from .proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof, ProofError
 from .view import ClusterView
@@ -50,6 +55,9 @@ if TYPE_CHECKING:
 __all__ = ["add_swarm_routes"]
 
 logger = redacting_logger(__name__)
+
+MAX_HELD = 256  # asks held at once; past it an unchanged manifest is answered at once
+_RECHECK = 1.0  # seconds between two looks at a held ask's manifest, at the most
 
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 
@@ -111,6 +119,18 @@ def _manifest_body(
     return body, etag
 
 
+def _hold(prefer: str) -> float:
+    """Seconds an unchanged manifest's answer may be held: the ``wait`` preference of a
+    ``Prefer`` header (RFC 7240: delta-seconds), at most ``MAX_HOLD``; 0 without one. A
+    preference not understood is ignored, as the RFC has it."""
+    for preference in prefer.split(",")[:16]:
+        name, _, value = preference.partition("=")
+        value = value.split(";", 1)[0].strip().strip('"')
+        if name.strip().lower() == "wait" and value.isascii() and value.isdigit():
+            return min(float(value[:12]), MAX_HOLD)
+    return 0.0
+
+
 def add_swarm_routes(
     app: web.Application,
     coordinator: Callable[[], Coordinator | None],
@@ -160,14 +180,35 @@ def add_swarm_routes(
         if not _KEY.match(key):
             detail = "a model key is 64 hex digits (sha256)"
             return _refusal(400, "bad_key", detail, node=held.node)
-        manifest = held.manifests.get(key)
-        if manifest is None:
-            swarm = _advertised(request, held)  # a peer to trade pieces with all the same
-            return _refusal(404, "not_held", "no such model here", node=held.node, swarm=swarm)
-        body, etag = _manifest_body(held, key, manifest, _advertised(request, held))
-        if etag in request.headers.get("If-None-Match", ""):
-            return web.Response(status=304, headers={"ETag": etag})
-        return web.Response(body=body, content_type="application/json", headers={"ETag": etag})
+        loop = asyncio.get_running_loop()
+        hold = _hold(request.headers.get("Prefer", "")) if held.holding < MAX_HELD else 0.0
+        deadline = loop.time() + hold
+        held.holding += 1
+        try:
+            while True:
+                manifest = held.manifests.get(key)
+                if manifest is None:
+                    swarm = _advertised(request, held)  # a peer to trade pieces with still
+                    detail = "no such model here"
+                    return _refusal(404, "not_held", detail, node=held.node, swarm=swarm)
+                body, etag = _manifest_body(held, key, manifest, _advertised(request, held))
+                if etag not in request.headers.get("If-None-Match", ""):
+                    headers = {"ETag": etag}
+                    return web.Response(body=body, content_type="application/json", headers=headers)
+                left = deadline - loop.time()
+                transport = request.transport
+                if (
+                    left <= 0
+                    or held.manifests.released
+                    or transport is None
+                    or transport.is_closing()
+                ):
+                    return web.Response(status=304, headers={"ETag": etag})
+                # A second at most between looks: the throttling answers are in the ETag
+                # too, and they change without the manifests.
+                await held.manifests.changed(min(_RECHECK, left))
+        finally:
+            held.holding -= 1
 
     async def torrent(request: web.Request, held: Coordinator) -> web.Response:
         digest = request.match_info["hash"]

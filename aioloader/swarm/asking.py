@@ -2,9 +2,11 @@
 proof checked before its body is read (proof.py), and an unchanged manifest answered
 with 304 instead of sent again.
 
-A peer is asked about a model every half second or so while this node follows it;
-the node remembers each peer's last manifest with its ETag and sends ``If-None-Match``,
-so a manifest that did not change costs a few hundred bytes, not its torrents again.
+A peer is asked about a model again and again while this node follows it; the node
+remembers each peer's last manifest with its ETag and sends ``If-None-Match``, so a
+manifest that did not change costs a few hundred bytes, not its torrents again; and
+with ``Prefer: wait=N`` the peer holds the ask until the manifest changes, or ``N``
+seconds (changes.py): an unchanged peer costs one ask per ``N`` seconds.
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ from .torrents import describe, info_hash
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["MAX_ANSWER", "MAX_VIEW", "Answer", "Asker", "NoAnswer"]
+__all__ = ["MAX_ANSWER", "MAX_HOLDING", "MAX_VIEW", "Answer", "Asker", "NoAnswer"]
 
 logger = redacting_logger(__name__)
 
 MAX_ANSWER = 64 << 20  # bytes of a peer's answer read at most
 MAX_VIEW = 8 << 20  # bytes of a peer's view of itself read at most
+MAX_HOLDING = 64  # asks sent with a hold at once (each takes a connection while held)
 _REMEMBERED = 1024  # (peer, model) answers kept for If-None-Match
 _TORRENTS_KEPT = 256 << 20  # bytes of fetched torrents kept (by info hash: they never change)
 
@@ -89,6 +92,7 @@ class Asker:
         self._torrents: OrderedDict[str, bytes] = OrderedDict()
         self._torrent_bytes = 0  # held in ``_torrents``
         self.unchanged = 0  # answers that were a 304 (statistics, tests)
+        self.holding = 0  # asks sent with a hold, not answered yet
         # The peers whose last request timed out: they took the connection and did not
         # answer in time (busy), where a dead daemon's port refuses (followed.py).
         self.late: set[str] = set()
@@ -98,12 +102,17 @@ class Asker:
         return f"<Asker node={self.node[:8]} {self.proof!r}>"
 
     async def _get(
-        self, api: str, target: str, limit: int, headers: dict[str, str] | None = None
+        self,
+        api: str,
+        target: str,
+        limit: int,
+        headers: dict[str, str] | None = None,
+        wait: float | None = None,
     ) -> tuple[int, str, bytes] | None:
         """(status, ETag, body) of a signed GET whose answer proved itself; None: no
         answer, too large, or no proof (logged)."""
         try:
-            return await self._answer(api, target, limit, headers)
+            return await self._answer(api, target, limit, headers, wait)
         except NoAnswer as exc:
             if exc.quiet:
                 logger.debug("peer %s: %s", api, exc)
@@ -231,12 +240,23 @@ class Asker:
             self._torrent_bytes -= len(self._torrents.popitem(last=False)[1])
         return raw
 
-    async def ask(self, api: str, key: str) -> Answer | None:
+    async def ask(self, api: str, key: str, hold: float = 0.0) -> Answer | None:
         """The peer at ``api``'s answer about the model ``key``; None: no usable answer
-        (down, slow, not JSON, a manifest refused, no proof that it holds the token)."""
+        (down, slow, not JSON, a manifest refused, no proof that it holds the token).
+        ``hold``: seconds the peer may hold the ask while the manifest this node knows
+        stays unchanged (answering.py), ``MAX_HOLDING`` asks at once at most."""
         known = self._known.get((api, key))
         headers = {"If-None-Match": known[0]} if known is not None else {}
-        got = await self._get(api, f"/v1/swarm/models/{key}", MAX_ANSWER, headers)
+        wait = self.wait
+        if known is not None and hold >= 1 and self.holding < MAX_HOLDING:
+            headers["Prefer"] = f"wait={int(hold)}"
+            wait += int(hold)
+            self.holding += 1
+        try:
+            got = await self._get(api, f"/v1/swarm/models/{key}", MAX_ANSWER, headers, wait)
+        finally:
+            if "Prefer" in headers:
+                self.holding -= 1
         if got is None:
             return None
         status, etag, raw = got

@@ -54,7 +54,7 @@ from ..sources.base import Current
 from .admission import Admission
 from .asking import Asker
 from .deal import Lead, deal, published
-from .followed import Answer, Followed, Polls, known_torrent, watched
+from .followed import HOLD, Answer, Followed, Polls, known_torrent, watched
 from .gentle import Heard, leading
 from .hearing import hear
 from .looking import cluster_view, own_view
@@ -145,6 +145,7 @@ class Coordinator(Offers):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.manifests.release()  # no ask is held any more
         try:
             if self._watch is not None:
                 self._watch.cancel()
@@ -180,11 +181,12 @@ class Coordinator(Offers):
         self._apis = await self.admission.resolve()
         return self._apis
 
-    async def ask(self, api: str, key: str) -> Answer | None:
+    async def ask(self, api: str, key: str, hold: float = 0.0) -> Answer | None:
         """A peer's answer about the model ``key`` (None: no usable answer, or no proof
-        that it holds the token); a proven peer's swarm address is admitted."""
+        that it holds the token; ``hold``: see Asker.ask); a proven peer's swarm address
+        is admitted."""
         assert self._asker is not None, "used outside its async with"
-        answer = await self._asker.ask(api, key)
+        answer = await self._asker.ask(api, key, hold)
         if answer is not None:
             await self.admission.learn([answer.swarm])
             if answer.manifest is not None:
@@ -358,7 +360,7 @@ class Coordinator(Offers):
         followed = Followed(
             lead.answer, key, self.ask, self.swarm.stall, self._gone(), self._torrent,
             late=(lambda api: api in asker.late) if asker is not None else lambda api: False,
-            polls=self._polls,
+            polls=self._polls, hold=HOLD,
         )  # fmt: skip
         followed.fetch_range = self._asker.range_torrent if self._asker else None
         followed.others = list(lead.others)

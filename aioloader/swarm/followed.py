@@ -23,13 +23,14 @@ from .torrents import info_hash
 
 FetchRange = Callable[[str, str, Callable[[bytes], bytes]], Awaitable[bytes | None]]
 
-__all__ = ["Answer", "Followed", "Polls", "known_torrent", "watched"]
+__all__ = ["HOLD", "Answer", "Followed", "Polls", "known_torrent", "watched"]
 
 T = TypeVar("T")
 F = TypeVar("F")
 
 _POLL = 0.25  # seconds between looks at a followed node's manifest, at the most often
 POLLS_PER_SECOND = 16.0  # asks a node sends to the nodes it follows, all together
+HOLD = 10.0  # seconds a followed node may hold an ask while its manifest is unchanged
 
 logger = redacting_logger(__name__)
 
@@ -61,12 +62,13 @@ class Followed:
         self,
         answer: Answer,
         key: str,
-        ask: Callable[[str, str], Awaitable[Answer | None]],
+        ask: Callable[..., Awaitable[Answer | None]],  # (api, key[, hold])
         stall: float,
         gone: float | None = None,
         fetch_torrent: Callable[[str, FileOffer], Awaitable[bytes | None]] | None = None,
         late: Callable[[str], bool] = lambda api: False,
         polls: Polls | None = None,
+        hold: float = 0.0,
     ) -> None:
         self._ask = ask  # the coordinator's: a peer's answer about a model
         self._fetch_torrent = fetch_torrent  # a torrent by its info hash, checked
@@ -77,6 +79,7 @@ class Followed:
         self._gone = stall if gone is None else min(gone, stall)
         self._late = late  # whether the node's last ask timed out (asking.py)
         self._polls = Polls() if polls is None else polls  # shared by a node's fetches
+        self._hold = hold  # seconds the node may hold an ask while its manifest stays
         self.api = answer.api
         self.node = answer.node
         self.key = key
@@ -122,7 +125,10 @@ class Followed:
         async with self._asking:
             if loop.time() - self._asked < self._polls.interval():
                 return
-            answer = await self._ask(self.api, self.key)
+            if self._hold > 0:  # answered when the manifest changes (changes.py)
+                answer = await self._ask(self.api, self.key, self._hold)
+            else:
+                answer = await self._ask(self.api, self.key)
             self._asked = loop.time()
         if answer is None or answer.node != self.node:
             return
@@ -177,7 +183,8 @@ class Followed:
                 await asyncio.sleep(self._polls.interval())
                 await self._look()
                 late = self._late(self.api)
-                # Three asks at least: a node asked less often is not dropped sooner.
+                # Three asks at least: a node asked less often is not dropped sooner. (A
+                # held ask's answer has just come when this is looked at.)
                 bound = max(self._stall if late else self._gone, 3 * self._polls.interval())
                 if loop.time() - self._heard > bound:
                     why = "answered late or not at all" if late else "not answered"

@@ -25,6 +25,7 @@ from ..redact import redacting_logger
 from ..runtime.threads import Lane, run_blocking
 from ..runtime.throttle import origins
 from ..sources.base import Current
+from .changes import Manifests
 from .held import Held, HeldFile
 from .manifest import FileOffer, Manifest, Throttled, file_name, torrent_name
 from .session import Swarm
@@ -46,7 +47,8 @@ class Offers:
         self.swarm = swarm
         self.node = node
         self.advertised = advertised
-        self.manifests: dict[str, Manifest] = {}
+        self.manifests = Manifests()  # a change wakes the asks held on it (answering.py)
+        self.holding = 0  # asks held now (answering.py)
         # answering.py's: manifest, (address, throttled), body, ETag
         self.encoded: dict[str, tuple[Manifest, object, bytes, str]] = {}
         self.held = Held()
