@@ -206,7 +206,17 @@ async def _ranges_and_outcome(
     # in how long: the rest must be alike.
     outcome = re.sub(r'"[^"]*"', '"ETag"', outcome)
     outcome = re.sub(r"\d+ bytes in [\d.]+ s", "N bytes in T s", outcome)
-    return [r.range for r in server.gets(NAME)], outcome
+    # A trickled request is resumed after the bytes that came, as many as the clock let
+    # in (14 in one run, 18 in another): the resumed start differs, the retries do not.
+    ranges = [r.range for r in server.gets(NAME)]
+    if inject == "trickle":
+        ranges = [re.sub(r"=(\d+)-", _resumed, r or "") for r in ranges]
+    return ranges, outcome
+
+
+def _resumed(start: re.Match[str]) -> str:
+    """``=N-`` as it is where ``N`` starts a planned range (whole pages), else ``=resumed-``."""
+    return start.group(0) if int(start.group(1)) % 4096 == 0 else "=resumed-"
 
 
 @pytest.mark.parametrize(
