@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,11 @@ def _variant(origin: Path, main: Model, name: str, size: int) -> tuple[Model, Pa
     if one_file:
         return Model(origin / folder, paths[0], ()), paths[0]
     return Model(origin / folder, index, paths), index
+
+
+def _pids(fleet: Fleet) -> Callable[[], list[int]]:
+    """The fleet's daemons running now (their CPU is counted per scenario)."""
+    return lambda: [n.proc.pid for n in fleet.nodes if n.proc is not None and n.alive]
 
 
 class Bench:
@@ -298,7 +304,7 @@ class Bench:
     def single(self) -> dict[str, Any]:
         fleet = self._fleet(1, swarm=False)
         self.origin.reset_counters()
-        cpu = CpuSampler().__enter__()
+        cpu = CpuSampler(pids=_pids(fleet)).__enter__()
         return self._finish(fleet, self._ask(fleet, [0]), [0], "single", cpu)
 
     def cold(self, name: str = "cold") -> dict[str, Any]:
@@ -306,7 +312,7 @@ class Bench:
         self.fleet_model = self.current
         self.origin.reset_counters()
         every = list(range(len(fleet)))
-        cpu = CpuSampler().__enter__()
+        cpu = CpuSampler(pids=_pids(fleet)).__enter__()
         return self._finish(fleet, self._ask(fleet, every), every, name, cpu)
 
     def join(self) -> dict[str, Any]:
@@ -325,14 +331,14 @@ class Bench:
             fleet.wipe(i)
         fleet.start(*joiners)
         self.origin.reset_counters()
-        cpu = CpuSampler().__enter__()
+        cpu = CpuSampler(pids=_pids(fleet)).__enter__()
         return self._finish(fleet, self._ask(fleet, joiners), joiners, "join", cpu)
 
     def leader_kill(self) -> dict[str, Any]:
         fleet = self._fleet(self.n, swarm=not self.args.no_swarm)
         self.origin.reset_counters()
         every = list(range(len(fleet)))
-        cpu = CpuSampler().__enter__()
+        cpu = CpuSampler(pids=_pids(fleet)).__enter__()
         asked = self._ask(fleet, every)
         deadline = time.monotonic() + self.timeout
         killed = None

@@ -11,7 +11,9 @@ the time no node can beat), their p50 and p99. ``table``: the printed report.
 from __future__ import annotations
 
 import math
+import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["TARGETS", "CpuSampler", "percentile", "rate_for", "summary", "table"]
@@ -40,23 +42,43 @@ def rate_for(nodes: int) -> float:
     return min(MAX_RATE_MB, AGGREGATE_MB / nodes)
 
 
-def _cpu_times() -> tuple[int, int, int]:
-    """(idle, iowait, total) jiffies of all CPUs since boot, from /proc/stat."""
+def _cpu_times() -> tuple[int, int, int, int, int, int]:
+    """(idle, iowait, total, user, system, softirq) jiffies of all CPUs since boot,
+    from /proc/stat."""
     with open("/proc/stat") as fh:
         fields = [int(x) for x in fh.readline().split()[1:]]
     # user nice system idle iowait irq softirq steal (guest is counted in user)
-    return fields[3], fields[4], sum(fields[:8])
+    user, nice, system, idle, iowait, irq, softirq = fields[:7]
+    return idle, iowait, sum(fields[:8]), user + nice, system + irq, softirq
+
+
+def _process_ticks(pids: list[int]) -> dict[int, int]:
+    """utime + stime, in jiffies, of each process of ``pids`` still there."""
+    ticks = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks[pid] = int(fields[11]) + int(fields[12])
+    return ticks
 
 
 class CpuSampler:
     """``with CpuSampler() as cpu: ...``; then ``cpu.result()``: idle % (mean, min of
-    the 1 s samples) and iowait % (mean); None where /proc/stat is missing."""
+    the 1 s samples), iowait, user, system and softirq % (means), and with ``pids`` (the
+    daemons) the CPU seconds those processes took meanwhile; None where /proc/stat is
+    missing."""
 
-    def __init__(self, every: float = 1.0) -> None:
+    def __init__(self, every: float = 1.0, pids: Callable[[], list[int]] | None = None) -> None:
         self.every = every
         self.samples: list[tuple[float, float]] = []  # (idle %, iowait %) per interval
-        self._first: tuple[int, int, int] | None = None
-        self._last: tuple[int, int, int] | None = None
+        self._first: tuple[int, ...] | None = None
+        self._last: tuple[int, ...] | None = None
+        self._pids = pids
+        self._ticks: dict[int, int] = {}  # pid -> its jiffies at the start
+        self._took: dict[int, int] = {}  # pid -> its jiffies since the start
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -65,6 +87,8 @@ class CpuSampler:
             self._first = self._last = _cpu_times()
         except OSError:
             return self
+        if self._pids is not None:
+            self._ticks = _process_ticks(self._pids())
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._thread.start()
         return self
@@ -75,7 +99,10 @@ class CpuSampler:
     def _take(self) -> None:
         now = _cpu_times()
         assert self._last is not None
-        idle, wait, total = (a - b for a, b in zip(now, self._last, strict=True))
+        idle, wait, total = (a - b for a, b in zip(now[:3], self._last[:3], strict=True))
+        if self._ticks:  # a daemon killed meanwhile keeps what it took until its last sample
+            for pid, ticks in _process_ticks(list(self._ticks)).items():
+                self._took[pid] = ticks - self._ticks[pid]
         if total > 0:
             self.samples.append((100 * idle / total, 100 * wait / total))
         self._last = now
@@ -94,13 +121,22 @@ class CpuSampler:
     def result(self) -> dict[str, Any] | None:
         if self._first is None or self._last is None:
             return None
-        idle, wait, total = (a - b for a, b in zip(self._last, self._first, strict=True))
+        idle, wait, total, user, system, softirq = (
+            a - b for a, b in zip(self._last, self._first, strict=True)
+        )
         if total <= 0:
             return None
+        hz = os.sysconf("SC_CLK_TCK")
         return {
             "idle_mean": round(100 * idle / total, 1),
             "idle_min": round(min(s[0] for s in self.samples), 1) if self.samples else None,
             "iowait_mean": round(100 * wait / total, 1),
+            "user_mean": round(100 * user / total, 1),
+            "system_mean": round(100 * system / total, 1),
+            "softirq_mean": round(100 * softirq / total, 1),
+            "cpu_seconds": round(total / hz, 1),
+            "daemon_cpu_s": round(sum(self._took.values()) / hz, 1) if self._ticks else None,
+            "daemons": len(self._ticks),
             "samples": len(self.samples),
         }
 
@@ -187,6 +223,19 @@ def table(results: list[dict[str, Any]], single: float, single_size: int) -> str
                 f"{i}:{b / 2**20:.0f}" for i, b in sorted(r["origin_by_node"].items())
             )
             lines.append(f"  from the origin, node:MiB {pulled}")
+        cpu = r.get("cpu") or {}
+        if cpu.get("user_mean") is not None:
+            daemons = ""
+            if cpu.get("daemon_cpu_s") is not None and cpu.get("daemons"):
+                per = cpu["daemon_cpu_s"] / cpu["daemons"]
+                daemons = (
+                    f"; the {cpu['daemons']} daemons {cpu['daemon_cpu_s']:.1f} CPU s of "
+                    f"{cpu['cpu_seconds']:.0f} ({per:.1f} each)"
+                )
+            lines.append(
+                f"  CPU: user {cpu['user_mean']:.0f}%, system {cpu['system_mean']:.0f}%, "
+                f"softirq {cpu['softirq_mean']:.0f}%, idle {cpu['idle_mean']:.0f}%{daemons}"
+            )
         for failure in r.get("failures", []):
             lines.append(f"  NOT DONE {failure}")
     return "\n".join(lines)
