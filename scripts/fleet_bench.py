@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import signal
 import sys
@@ -88,6 +89,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, help="where the model and caches go (a temp dir)")
     p.add_argument("--keep-logs", type=Path, help="copy every daemon's log here per scenario")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument(
+        "--daemon-args", default="",
+        help="more arguments for every swarm daemon, e.g. \"--swarm-rate 1.8MB/s\"",
+    )  # fmt: skip
     args = p.parse_args(argv)
     bad = set(args.scenarios.split(",")) - {""} - (set(TARGETS) - {"single"})
     if bad or min(args.nodes) < 2 or args.size_mib < 1 or args.shards < 1:
@@ -184,7 +189,8 @@ class Bench:
         self.rounds += 1
         root = self.work / f"fleet{self.n}-{self.rounds}"
         self.fleet = Fleet(
-            n, root, swarm=swarm, args=self.net.daemon_args(),
+            n, root, swarm=swarm,
+            args=[*self.net.daemon_args(), *(shlex.split(self.args.daemon_args) if swarm else [])],
             host_of=self.net.host_of, wrap=self.net.wrap, ports=self.net.ports,
         )  # fmt: skip
         self.fleet.start()

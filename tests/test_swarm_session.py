@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import TypeVar
@@ -464,3 +466,31 @@ async def test_alerts_are_read_while_the_loop_adds_and_removes_torrents(
     async with asyncio.timeout(120):
         await asyncio.gather(reading(), reading(), churning())
     assert sorted((await swarm.refresh()).uploaded) == sorted(keys)  # each held again
+
+
+async def test_reads_of_the_alerts_keep_their_gap_however_many_ask(swarms: list[Swarm]) -> None:
+    """31 downloads each asking for a read every 50 ms made the reads run back to back,
+    each the status of every torrent held: 5-6 % of a core per daemon while it fetched,
+    at 32 daemons the fleet's two vCPUs. Reads now begin READ_GAP apart at the least;
+    each caller still gets a read begun after it asked."""
+    from aioloader.swarm.session import READ_GAP
+
+    swarm = await _swarm(swarms, 80, [])
+    seen: set[float] = set()  # the start of each read a caller got
+
+    async def downloads_polling(until: float) -> None:
+        while time.monotonic() < until:
+            asked = asyncio.get_running_loop().time()
+            await swarm.refresh()
+            assert swarm._read_at >= asked  # a read begun after the ask
+            seen.add(swarm._read_at)
+            await asyncio.sleep(0.05)
+
+    begun = swarm._reads._begun
+    until = time.monotonic() + 2.0
+    await asyncio.gather(*(downloads_polling(until) for _ in range(31)))
+    reads = swarm._reads._begun - begun  # the pump's included
+    assert reads <= 2.0 / READ_GAP + 2, reads
+    starts = sorted(seen)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(starts) >= 4 and min(gaps) >= READ_GAP - 0.01, gaps
