@@ -42,8 +42,8 @@ HOLDER, ASKER = "cd" * 16, "ef" * 16
 class Holder:
     """A node's swarm routes on 127.0.0.1, over a real Coordinator that holds a manifest."""
 
-    def __init__(self, coordinator: Coordinator, api: str) -> None:
-        self.coordinator, self.api = coordinator, api
+    def __init__(self, coordinator: Coordinator, api: str, runner: web.AppRunner) -> None:
+        self.coordinator, self.api, self.runner = coordinator, api, runner
         self.path = f"/v1/swarm/models/{KEY}"
 
     def move(self, done: int) -> None:
@@ -84,7 +84,7 @@ async def holder(tmp_path: Path) -> AsyncIterator[Holder]:
             await site.start()
             port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             try:
-                yield Holder(node, f"127.0.0.1:{port}")
+                yield Holder(node, f"127.0.0.1:{port}", runner)
             finally:
                 await runner.cleanup()
     finally:
@@ -223,6 +223,25 @@ async def test_a_coordinator_asks_with_a_hold_and_is_not_taken_for_late(
     assert again is not None and again.manifest == answer.manifest
     assert asker._asker.unchanged == unchanged + 1  # type: ignore[union-attr]
     assert asker._asker.holding == 0  # type: ignore[union-attr]
+
+
+async def test_an_ask_the_client_sends_again_after_a_dropped_connection_is_signed_anew(
+    holder: Holder, asker: Coordinator
+) -> None:
+    """aiohttp sends a GET again, headers and all, when a kept-alive connection drops
+    before the answer; the peer had read the first (a held ask) and refused the nonce
+    again as a replay: "it sent no proof", 17 times in one cold start of 32 nodes."""
+    first = await asker.ask(holder.api, KEY)  # the connection is kept alive after it
+    assert first is not None and first.manifest is not None
+    asked = asyncio.ensure_future(asker.ask(holder.api, KEY, 2.0))
+    await asyncio.sleep(0.5)
+    assert holder.coordinator.holding == 1  # held: its nonce seen
+    server = holder.runner.server
+    assert server is not None
+    for transport in list(server._connections.values()):
+        transport.close()
+    answer = await asyncio.wait_for(asked, 6)
+    assert answer is not None and answer.manifest == first.manifest
 
 
 async def test_a_followed_node_holding_its_ask_is_not_dropped(

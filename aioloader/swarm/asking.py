@@ -153,15 +153,21 @@ class Asker:
         import aiohttp
 
         wait = self.wait if wait is None else wait
-        header, nonce = self.proof.sign_request("GET", target, self.node, self.swarm)
-        sent = {REQUEST_HEADER: header, **(headers or {})}
         try:
             async with asyncio.timeout(wait):
-                async with self.client.get(f"http://{api}{target}", headers=sent) as response:
-                    status = response.status
-                    etag = response.headers.get("ETag", "")
-                    proof = response.headers.get(ANSWER_HEADER)
-                    raw = await _body(response, limit)
+                for _ in range(2):
+                    header, nonce = self.proof.sign_request("GET", target, self.node, self.swarm)
+                    sent = {REQUEST_HEADER: header, **(headers or {})}
+                    async with self.client.get(f"http://{api}{target}", headers=sent) as response:
+                        status = response.status
+                        etag = response.headers.get("ETag", "")
+                        proof = response.headers.get(ANSWER_HEADER)
+                        raw = await _body(response, limit)
+                    if not _replayed(status, proof, raw):
+                        break
+                    # aiohttp sends a GET again, as it was, when a kept-alive connection
+                    # drops before the answer (a held ask's, say): the peer had read it,
+                    # and refuses its nonce the second time. Signed anew, once.
         except TimeoutError:
             self.late.add(api)
             raise NoAnswer(f"no answer within {wait:g} s", quiet=True) from None
@@ -300,6 +306,11 @@ class Asker:
         if manifest.node != node:
             return None
         return Answer(api, node, manifest, manifest.swarm)
+
+
+def _replayed(status: int, proof: str | None, raw: bytes) -> bool:
+    """Whether an answer is the peer's refusal of a nonce it saw already (answering.py)."""
+    return status == 401 and proof is None and b"replays a request" in raw[:2048]
 
 
 async def _body(response: aiohttp.ClientResponse, limit: int) -> bytes:
