@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -106,3 +107,47 @@ async def test_a_node_without_the_model_still_gives_its_swarm_address(tmp_path: 
     answer = await _ask(api, runner, tmp_path / "scratch")
     assert answer is not None and answer.manifest is None
     assert answer.node == NODE and answer.swarm == "127.0.0.9:6881"
+
+
+async def test_a_torrent_answered_slowly_is_waited_for_on_its_connection(tmp_path: Path) -> None:
+    """A seeder asked for a range torrent as it publishes it has its uplink full of that
+    range's pieces: its answer may take seconds. Given up at the ask's wait (2 s), 876
+    torrent asks of one 32-node cold start were each asked again on a new connection;
+    a torrent is now waited for TORRENT_WAIT seconds, whatever the asks' wait."""
+    from aioloader.swarm.asking import TORRENT_WAIT
+    from aioloader.swarm.proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof
+    from aioloader.swarm.session import Swarm
+
+    token = "5e0c2b9d71a4f8e36b1d0c9a7e52f4b8"
+    torrent = b"d4:infod6:lengthi1e4:name1:aee"  # what the check lets through here
+    digest = "ab" * 32
+    asked: list[float] = []
+
+    async def slow(request: web.Request) -> web.Response:
+        asked.append(time.monotonic())
+        signed = PeerProof(token).check_request(
+            request.headers.get(REQUEST_HEADER), "GET", request.path_qs
+        )
+        await asyncio.sleep(2.5)  # over the asker's wait of 1 s
+        proof = PeerProof(token).sign_answer(signed.nonce, 200, "", torrent)
+        return web.Response(body=torrent, headers={ANSWER_HEADER: proof})
+
+    app = web.Application()
+    app.router.add_get("/v1/swarm/torrents/{hash}", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    api = f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    swarm = Swarm("127.0.0.1", 0)  # never started
+    try:
+        async with Coordinator(
+            swarm, [], "ef" * 16, token, 1.0, tmp_path / "scratch", "127.0.0.77:6881"
+        ) as node:
+            assert node._asker is not None and node._asker.torrent_wait == TORRENT_WAIT
+            got = await node._asker.range_torrent(api, digest, lambda raw: raw)
+    finally:
+        await runner.cleanup()
+        await swarm.aclose()
+    assert got == torrent
+    assert len(asked) == 1  # asked once, answered on that connection
