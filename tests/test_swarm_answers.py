@@ -41,10 +41,11 @@ async def _serve(body: bytes, pieces: int) -> tuple[web.AppRunner, str]:
 
 async def _peer(
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    route: str = "/v1/swarm/models/{key}",
 ) -> tuple[web.AppRunner, str]:
-    """A peer's manifest route answered by ``handler``, on 127.0.0.1."""
+    """A peer's ``route`` (its manifest's by default) answered by ``handler``, on 127.0.0.1."""
     app = web.Application()
-    app.router.add_get("/v1/swarm/models/{key}", handler)
+    app.router.add_get(route, handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -132,13 +133,7 @@ async def test_a_torrent_answered_slowly_is_waited_for_on_its_connection(tmp_pat
         proof = PeerProof(token).sign_answer(signed.nonce, 200, "", torrent)
         return web.Response(body=torrent, headers={ANSWER_HEADER: proof})
 
-    app = web.Application()
-    app.router.add_get("/v1/swarm/torrents/{hash}", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    api = f"127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    runner, api = await _peer(slow, "/v1/swarm/torrents/{hash}")
     swarm = Swarm("127.0.0.1", 0)  # never started
     try:
         async with Coordinator(

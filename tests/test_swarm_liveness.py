@@ -160,6 +160,7 @@ async def test_a_torrent_answered_late_is_asked_again_for_the_stall_time() -> No
         manifest = Manifest(KEY, "http://origin/a.safetensors", NODE, "127.0.0.1:1", files=(offer,))
         try:
             async with _asker(0.2) as asker:
+                asker.torrent_wait = 0.2  # (10 s at the least in a daemon: TORRENT_WAIT)
                 followed = _following(api, manifest, asker, stall)
                 loop = asyncio.get_running_loop()
                 start = loop.time()
