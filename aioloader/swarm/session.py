@@ -37,10 +37,7 @@ __all__ = ["Swarm", "SwarmError", "SwarmStalled", "SwarmStatistics"]
 logger = redacting_logger(__name__)
 
 _PUMP = 0.25  # seconds between reads of the session's alerts
-# Seconds from one read's start to the next at the least, whoever asks: a follower's
-# downloads each ask every 50 ms (download.py), and reads back to back (each the status
-# of every torrent held, in the lane) took 5-6 % of a core per daemon while it fetched.
-READ_GAP = 0.25
+READ_GAP = 0.25  # seconds between two reads' starts at the least (swarm.md: 5-6 % CPU)
 
 
 class Swarm:
@@ -325,11 +322,9 @@ class Swarm:
         """Read the session's alerts and the held torrents' counts, in the lane: handed
         the handles as they are now (the loop's dict changes while the lane reads; a
         handle dropped after this snapshot leaves the session after it, in the lane)."""
-        loop = asyncio.get_running_loop()
-        early = self._read_at + READ_GAP - loop.time()
-        if early > 0:  # the callers meanwhile share the read after the wait
-            await asyncio.sleep(early)
-        self._read_at = loop.time()
+        now = asyncio.get_running_loop().time
+        await asyncio.sleep(max(0.0, self._read_at + READ_GAP - now()))  # (shared: Shared)
+        self._read_at = now()
         session = self._open_session()
         handles = list(self._handles.items())
         found = await run_blocking(self.lane, lambda: alerts.read(session, handles))
