@@ -183,7 +183,7 @@ def add_swarm_routes(
         loop = asyncio.get_running_loop()
         hold = _hold(request.headers.get("Prefer", "")) if held.holding < MAX_HELD else 0.0
         deadline = loop.time() + hold
-        held.holding += 1
+        held.holding += hold > 0  # asks that may be held, not every ask in flight
         try:
             while True:
                 manifest = held.manifests.get(key)
@@ -208,7 +208,7 @@ def add_swarm_routes(
                 # too, and they change without the manifests.
                 await held.manifests.changed(min(_RECHECK, left))
         finally:
-            held.holding -= 1
+            held.holding -= hold > 0
 
     async def torrent(request: web.Request, held: Coordinator) -> web.Response:
         digest = request.match_info["hash"]
