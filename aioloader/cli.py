@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TextIO
 
-from . import __version__
+from . import __version__, log_lines
 from .api import Loader, ModelInfo
 from .errors import LoaderError
 from .format.dtypes import import_torch
@@ -350,11 +350,9 @@ def _run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aioloader`` command."""
     args = _parser().parse_args(argv)
-    quiet = logging.INFO if args.command == "serve" else logging.WARNING
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else quiet,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    serving = args.command == "serve"
+    quiet = logging.INFO if serving else logging.WARNING
+    log_lines.configure(logging.DEBUG if args.verbose else quiet, stamped=serving)
     logging.getLogger("aioloader").debug("command %s, Python %s", args.command, sys.version)
     handler = {
         "load": _load,

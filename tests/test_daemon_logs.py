@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,32 @@ def test_log_messages_escape_control_characters() -> None:
         "plain message",
     ]
     assert escape_controls("a\u2028b\x00c\x7fd\té") == "a\\u2028b\\x00c\\x7fd\\té"
+
+
+def test_the_daemons_lines_start_with_the_time_in_utc(tmp_path: Path) -> None:
+    """Nodes' logs are lined up by the time: each line of ``aioloader serve`` starts with
+    it (UTC, to the millisecond); the other commands' lines do not."""
+    import time
+
+    before = time.time()
+    with running(tmp_path / "cache") as daemon:
+        assert daemon.stop() == 0
+    lines = [line for line in daemon.output().splitlines() if " aioloader." in line]
+    assert lines, daemon.output()
+    for line in lines:
+        found = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{3}Z (INFO|WARNING) ", line)
+        assert found, line
+        stamp = time.mktime(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S")) - time.timezone
+        assert before - 2 <= stamp <= time.time() + 1, line
+
+
+def test_the_other_commands_lines_carry_no_time(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "aioloader", "load", str(tmp_path / "missing.safetensors")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert not re.match(r"\d{4}-", done.stderr), done.stderr

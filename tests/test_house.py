@@ -154,6 +154,7 @@ MAX_ROOT_MODULES = 15
 #: The rooms, lowest first: a room imports only rooms before it (a module at the root is a
 #: room of its own). Each package's docstring says what lives there.
 ROOMS = [
+    "log_lines",  # the command line's log lines
     "message_filter",
     "redact",
     "errors",
