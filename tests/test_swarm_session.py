@@ -351,11 +351,12 @@ async def test_a_landing_left_by_an_error_writes_nothing_more(
     from aioloader.swarm.incoming import Incoming
 
     torrent = await asyncio.to_thread(make_torrent, data, "model.safetensors")
-    # 200 kB/s: 15 s for the file, so that a loaded machine's slow start (1 MB/s sent it
-    # all while the first 64 KiB was awaited, with two busy loops on both CPUs) still
-    # leaves most of it to come.
-    seeder = await _swarm(swarms, 75, [76], rate=200_000)
-    leecher = await _swarm(swarms, 76, [75])
+    # 50 kB/s: a minute for the file, so that a loaded machine's slow start still leaves
+    # most of it to come (1 MB/s sent it all while the first 64 KiB was awaited, with two
+    # busy loops on both CPUs, and 200 kB/s did in a clean clone's CI). What comes after
+    # is fed by a second seeder with no cap.
+    seeder = await _swarm(swarms, 75, [76], rate=50_000)
+    leecher = await _swarm(swarms, 76, [75, 77])
     await seeder.seed(torrent, data)
     target = tmp_path / "entry" / "data.partial"
     target.parent.mkdir()
@@ -384,8 +385,17 @@ async def test_a_landing_left_by_an_error_writes_nothing_more(
 
         # A read before any landing: the download writes its own copy, the landing
         # that comes after is refused (its holder copies the bytes instead).
+        fast = await _swarm(swarms, 77, [76])
+        await fast.seed(torrent, data)
         again = Incoming(
-            held, leecher, tmp_path / "scratch", lane, url, "model.safetensors", SIZE, None
+            _Held(torrent, fast),
+            leecher,
+            tmp_path / "scratch",
+            lane,
+            url,
+            "model.safetensors",
+            SIZE,
+            None,
         )
         async with asyncio.timeout(60):
             await again.ready(0, 1)
@@ -399,7 +409,14 @@ async def test_a_landing_left_by_an_error_writes_nothing_more(
         whole = tmp_path / "entry" / "whole.partial"
         whole.write_bytes(bytes(SIZE))
         done = Incoming(
-            held, leecher, tmp_path / "scratch", lane, url, "model.safetensors", SIZE, None
+            _Held(torrent, fast),
+            leecher,
+            tmp_path / "scratch",
+            lane,
+            url,
+            "model.safetensors",
+            SIZE,
+            None,
         )
         async with done.landing(whole) as lands:
             assert lands
