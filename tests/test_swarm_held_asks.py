@@ -265,6 +265,38 @@ async def test_a_followed_node_holding_its_ask_is_not_dropped(
         await asyncio.gather(watch, return_exceptions=True)
 
 
+async def test_a_node_first_answering_after_the_stall_time_is_not_taken_for_still(
+    holder: Holder, asker: Coordinator
+) -> None:
+    """A fetch asks a followed node for a file after the stall time has passed since the
+    node was followed, before any answer of the node has come (a busy node's first answer
+    took 2.1 s, the stall time was 2 s): the file is waited for, not given up on at once
+    without one look (a cold node then pulled it from the origin a second time)."""
+    first = await asker.ask(holder.api, KEY)
+    assert first is not None
+    followed = Followed(first, KEY, asker.ask, stall=1.0, gone=1.0, hold=10.0)
+    await asyncio.sleep(1.5)  # no answer heard meanwhile; the node lists the file since
+    holder.move(1)
+    offer = await asyncio.wait_for(followed.offer("m/model.safetensors"), 5)
+    assert offer.done == 1
+
+
+async def test_a_node_answering_unchanged_for_the_stall_time_is_still_despite_a_long_hold(
+    holder: Holder, asker: Coordinator
+) -> None:
+    """Its answers show it still for the stall time: SwarmStalled, after about the stall
+    time, however long the ask may be held (the hold is the stall time at most)."""
+    from aioloader.swarm.download import SwarmStalled
+
+    first = await asker.ask(holder.api, KEY)
+    assert first is not None
+    followed = Followed(first, KEY, asker.ask, stall=1.0, gone=1.0, hold=10.0)
+    started = time.monotonic()
+    with pytest.raises(SwarmStalled, match=r"no file m/model\.safetensors for 1 s"):
+        await asyncio.wait_for(followed.offer("m/model.safetensors"), 8)
+    assert time.monotonic() - started < 4.0
+
+
 async def test_a_change_on_another_thread_wakes_the_wait() -> None:
     manifests = Manifests()
     manifest = Manifest(KEY, URL, HOLDER, "127.0.0.9:6881")

@@ -79,7 +79,9 @@ class Followed:
         self._gone = stall if gone is None else min(gone, stall)
         self._late = late  # whether the node's last ask timed out (asking.py)
         self._polls = Polls() if polls is None else polls  # shared by a node's fetches
-        self._hold = hold  # seconds the node may hold an ask while its manifest stays
+        # Seconds the node may hold an ask while its manifest stays: the stall time at
+        # most, so that a node standing still is seen to within that.
+        self._hold = min(hold, stall)
         self.api = answer.api
         self.node = answer.node
         self.key = key
@@ -106,14 +108,17 @@ class Followed:
     async def _wait(self, ready: Callable[[], F | None], what: str) -> F:
         """Poll the manifest until ``ready()`` gives something; SwarmStalled when the
         node's manifest did not change for the stall time. Waiters share the polls."""
-        loop = asyncio.get_running_loop()
         while True:
             found = ready()
             if found is not None:
                 return found
             if self.gone is not None:
                 raise self.gone
-            if loop.time() - self._moved > self._stall:
+            # Still for the stall time by its own answers: a first answer slow to come
+            # (a busy node) is no stall. A node that does not answer is ``watch``'s to
+            # give up; past twice the stall time, a wait does without.
+            now = asyncio.get_running_loop().time()
+            if self._heard - self._moved > self._stall or now - self._heard > 2 * self._stall:
                 raise SwarmStalled(f"{self!r}: no {what} for {self._stall:g} s")
             await asyncio.sleep(_POLL)
             await self._look()
