@@ -44,6 +44,7 @@ _LOAD_TEXT: dict[str, tuple[str, Any, Any]] = {
     "memory_limit": ("1MiB", 1 << 20, 2 << 20),
     "s3_addressing": ("virtual", "virtual", "path"),
     "cache_dir": ("/from/the/environment", "/from/the/environment", "/given"),
+    "receive_lanes": ("auto", "auto", 3),
 }
 _DEFAULTS = {"limits": Limits, "http": HttpOptions, "s3": S3Options, "load": LoadOptions}
 

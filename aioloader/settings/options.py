@@ -52,7 +52,7 @@ class LoadKeywords(TypedDict, total=False):
     connect_timeout: float | None
     min_speed: int | None
     deadline: float | None
-    receive_lanes: int | None
+    receive_lanes: int | str | None
     s3_endpoint_url: str | None
     s3_region: str | None
     s3_addressing: str | None

@@ -35,6 +35,10 @@ def _integer(value: str) -> int:
     return int(value.strip())
 
 
+def _lanes(value: str) -> int | str:
+    return value.strip() if value.strip() == "auto" else _integer(value)
+
+
 def _seconds(value: str) -> float:
     return float(value.strip())
 
@@ -152,20 +156,8 @@ KEYWORDS: tuple[Setting, ...] = (
         "bytes per second a transfer must average, or be retried",
         _integer,
     ),
-    Setting(
-        "deadline",
-        "http",
-        _NUMBER,
-        "seconds one byte range may take, every attempt included",
-        _seconds,
-    ),
-    Setting(
-        "receive_lanes",
-        "http",
-        (int,),
-        "threads receiving range bodies (1: the loop's own)",
-        _integer,
-    ),
+    Setting("deadline", "http", _NUMBER, "seconds a byte range may take, all tries", _seconds),
+    Setting("receive_lanes", "http", (int, str), "threads receiving bodies (or auto)", _lanes),
     Setting(
         "s3_endpoint_url",
         "s3",

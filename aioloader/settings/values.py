@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from ..errors import ConfigError
 from ..runtime.container_memory import MemoryLimit, detect_memory_limit
@@ -36,6 +37,7 @@ MIN_MEMORY_LIMIT = 64 * KiB
 MAX_SECONDS = 10_000_000.0  # about 115 days
 # More receive threads than this is a typo: one core receives about 2 GB/s.
 MAX_RECEIVE_LANES = 64
+AUTO_LANES = "auto"  # receive_lanes: on the caller's loop, then on lanes once it is busy
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 # A header name is an RFC 9110 token; its value may not break the request's lines.
@@ -273,7 +275,9 @@ class HttpOptions:
             (``None``: no limit beyond the attempts and the checks above).
         receive_lanes: threads that receive range bodies into their tensors, each with
             its own event loop and connections; ``1`` receives them on the caller's
-            event loop, as one core can (raise it when that thread is the bottleneck).
+            event loop, as one core can (raise it when that thread is the bottleneck);
+            ``"auto"`` starts there and moves to lanes once that thread is measured
+            busy (sources/http/lanes.py).
         url_policy: called with every URL before a request is sent to it (the URL
             asked for, each shard an index names, each redirect target); it raises a
             ``LoaderError`` to refuse one. The preload daemon's allow-list is one.
@@ -288,7 +292,7 @@ class HttpOptions:
     min_speed: int = 16 * KiB
     speed_window: float = 30.0
     deadline: float | None = None
-    receive_lanes: int = 1
+    receive_lanes: int | Literal["auto"] = 1
     url_policy: Callable[[str], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -306,6 +310,8 @@ class HttpOptions:
         check_number("speed_window", self.speed_window, positive=True, maximum=MAX_SECONDS)
         if self.deadline is not None:
             check_number("deadline", self.deadline, positive=True, maximum=MAX_SECONDS)
+        if self.receive_lanes == AUTO_LANES and isinstance(self.receive_lanes, str):
+            return
         try:
             check_number(
                 "receive_lanes", self.receive_lanes, integer=True, positive=True,
@@ -314,7 +320,8 @@ class HttpOptions:
         except ConfigError as exc:
             raise ConfigError(
                 f"{exc}: the threads that receive range bodies, from 1 (the event loop's "
-                f"own, the default) to {MAX_RECEIVE_LANES}"
+                f"own, the default) to {MAX_RECEIVE_LANES}, or {AUTO_LANES!r} (lanes "
+                "once the loop is busy)"
             ) from None
 
 

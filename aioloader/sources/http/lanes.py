@@ -23,13 +23,15 @@ What crosses threads:
 - What the lane's ``get_into`` returns or raises reaches the caller as it is.
 - The caller's loop alone counts the transfers in flight per lane (``in_flight``);
   a lane's tasks are its own loop's alone.
+
+``receive_lanes="auto"`` starts on the caller's loop and moves to lanes once that loop
+is measured busy; auto_lanes.py makes each transport's receiver.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
@@ -37,10 +39,10 @@ from typing import Any, Protocol
 
 from ...errors import ClosedError
 from ...runtime.threads import finish_before_cancel, start_thread
-from ...settings.values import HttpOptions
 from .client import Answer, RangeClient
 
-__all__ = ["ReceiveLanes", "Receiver", "receiver"]
+__all__ = ["ReceiveLanes", "Receiver"]
+
 
 Accept = Callable[[Answer], bool]
 Arguments = tuple[str, dict[str, str], int, Callable[[], memoryview], Callable[[int], None], Accept]
@@ -60,23 +62,6 @@ class Receiver(Protocol):
     ) -> Answer | None: ...
 
     async def aclose(self) -> None: ...
-
-
-def receiver(ssl_context: ssl.SSLContext | None, options: HttpOptions) -> Receiver:
-    """The caller's loop's own RangeClient for one lane, else ``receive_lanes`` lanes."""
-
-    def client() -> RangeClient:
-        return RangeClient(
-            ssl_context,
-            options.connect_timeout,
-            options.stall_timeout,
-            options.min_speed,
-            options.speed_window,
-        )
-
-    if options.receive_lanes == 1:
-        return client()
-    return ReceiveLanes(options.receive_lanes, client)
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:

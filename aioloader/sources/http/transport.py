@@ -21,8 +21,9 @@ from multidict import CIMultiDict
 
 from ...errors import ClosedError, SourceError
 from ...settings.values import HttpOptions
+from .auto_lanes import receiver
 from .client import Answer, WireError
-from .lanes import Receiver, receiver
+from .lanes import Receiver
 from .retry import RetryableError
 from .rules import (
     MAX_REDIRECTS,
