@@ -6,9 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from aioloader import ConfigError, Limits
-from aioloader.runtime.container_memory import MemoryLimit, detect_memory_limit
+from aioloader import ConfigError, Limits, Loader, load_model
+from aioloader.runtime import container_memory
+from aioloader.runtime.container_memory import MemoryLimit, detect_memory_limit, memory_limit
 from aioloader.settings.values import parse_size, staging_budget
+
+from .helpers import assert_matches_files, random_tensors, write_file
+from .test_settings_rows import _files_opened
 
 GiB = 1 << 30
 
@@ -103,3 +107,29 @@ def test_parse_size_rejects(bad: str) -> None:
 def test_bad_limits(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         Limits(**kwargs)  # type: ignore[arg-type]
+
+
+def _reads_the_ceiling(opened: list[str]) -> list[str]:
+    return [p for p in opened if p.startswith(("/sys/fs/cgroup", "/proc/self/cgroup"))]
+
+
+async def test_loads_read_the_ceiling_at_most_once_in_a_while(tmp_path: Path) -> None:
+    """Reading the cgroup's files took 2-3 ms, four times a load and on the event loop:
+    most of a small warm load's fixed cost. Loads in a row read them once."""
+    path = write_file(tmp_path / "m.safetensors", random_tensors(count=4))
+    assert_matches_files(await load_model(str(path)), path)
+    with _files_opened() as opened:
+        for _ in range(3):
+            async with Loader() as loader:
+                assert_matches_files(await loader.load(str(path)), path)
+    assert _reads_the_ceiling(opened) == []
+
+
+def test_the_ceiling_is_read_again_once_it_is_old(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod resized in place gets its new limit within ``FRESH_FOR`` seconds."""
+    first = memory_limit()
+    assert first == detect_memory_limit()
+    monkeypatch.setattr(container_memory, "FRESH_FOR", 0.0)
+    with _files_opened() as opened:
+        assert memory_limit() == first
+    assert "/proc/self/cgroup" in opened

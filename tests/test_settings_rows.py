@@ -17,6 +17,7 @@ import pytest
 
 from aioloader import HttpOptions, Limits, Loader, ModelCache, S3Options
 from aioloader.daemon.config import DaemonConfig, add_arguments, config_from_args
+from aioloader.runtime import container_memory
 from aioloader.runtime.container_memory import detect_memory_limit
 from aioloader.settings.options import LoadOptions
 from aioloader.settings.table import (
@@ -225,7 +226,8 @@ def _files_opened() -> Iterator[list[str]]:
         _opened = None
 
 
-def test_settings_read_nothing_when_made() -> None:
+def test_settings_read_nothing_when_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(container_memory, "_last", None)  # nothing read yet
     with _files_opened() as opened:
         limits = Limits()
         LoadOptions.build(environ={"AIOLOADER_CONCURRENCY": "4"}, memory_limit="1MiB")

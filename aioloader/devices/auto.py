@@ -23,12 +23,15 @@ def device_for(device: Any, limits: Limits, framework: str, setup: Executor) -> 
     Raises:
         ConfigError: the device or framework is unknown or unavailable here.
     """
-    from .staged import CopyEngine, StagedDevice
-
     if isinstance(device, Device):
         return device
-    if isinstance(device, CopyEngine):
-        return StagedDevice(device, limits, setup)
+    if not isinstance(device, str):
+        # Imported only when it can be one: a load to "cpu" in a new process otherwise
+        # paid for the import (2 ms where no bytecode was cached) inside the load.
+        from .staged import CopyEngine, StagedDevice
+
+        if isinstance(device, CopyEngine):
+            return StagedDevice(device, limits, setup)
     if framework not in FRAMEWORKS:
         raise ConfigError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
     text = str(device).lower()
@@ -41,6 +44,8 @@ def device_for(device: Any, limits: Limits, framework: str, setup: Executor) -> 
     if text == "cuda" or text.startswith("cuda:"):
         if framework == "numpy":
             raise ConfigError("framework='numpy' gives host arrays: use device='cpu'")
+        from .staged import StagedDevice
+
         if framework == "cupy":
             from .cupy import CupyEngine
 

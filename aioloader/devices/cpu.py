@@ -20,7 +20,7 @@ from ..format.dtypes import DTYPE_SIZES, import_torch, numpy_dtype, torch_dtype
 from ..format.safetensors import TensorInfo
 from ..reads.plan import ALIGNMENT, Read, Span
 from ..reads.room import is_out_of_memory, out_of_memory
-from ..runtime.container_memory import detect_memory_limit
+from ..runtime.container_memory import memory_limit
 from ..runtime.threads import run_in
 from .base import Device, SpanAllocation
 
@@ -94,8 +94,8 @@ class CpuDevice(Device):
         self._framework = framework
         self._setup = setup
         # What this process may use (room.py): a few small files of /proc and /sys, read
-        # once here, as Limits reads them.
-        self.room = detect_memory_limit()
+        # at most every few seconds (container_memory.FRESH_FOR), as Limits reads them.
+        self.room = memory_limit()
 
     async def prepare(self) -> None:
         if self._framework == "torch" and "torch" not in sys.modules:

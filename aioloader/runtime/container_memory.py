@@ -9,13 +9,20 @@ So the default staging budget is derived from that limit, never from a constant
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MemoryLimit", "detect_memory_limit"]
+__all__ = ["MemoryLimit", "detect_memory_limit", "memory_limit"]
 
 # cgroup v1 reports "no limit" as a huge number close to 2**63.
 _V1_UNLIMITED = 1 << 60
+# How long ``memory_limit`` keeps what it read. Reading the cgroup's files took 2-3 ms
+# here (a dozen opens of /proc and /sys), four times a load, on the event loop: most of
+# a small warm load's fixed cost (docs/benchmarks.md). A pod's limit changes only when
+# it is resized in place; five seconds late is harmless.
+FRESH_FOR = 5.0
+_last: tuple[float, MemoryLimit] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,3 +108,14 @@ def detect_memory_limit(
             candidates.append((limit, f"cgroup {path}"))
     value, source = min(candidates, key=lambda c: c[0])
     return MemoryLimit(bytes=value, source=source)
+
+
+def memory_limit() -> MemoryLimit:
+    """``detect_memory_limit()``, read again at most every ``FRESH_FOR`` seconds."""
+    global _last
+    now, last = time.monotonic(), _last
+    if last is not None and 0 <= now - last[0] < FRESH_FOR:
+        return last[1]
+    found = detect_memory_limit()
+    _last = (now, found)
+    return found

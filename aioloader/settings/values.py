@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ..errors import ConfigError
-from ..runtime.container_memory import MemoryLimit, detect_memory_limit
+from ..runtime.container_memory import MemoryLimit, memory_limit
 
 __all__ = [
     "HttpOptions",
@@ -160,7 +160,7 @@ def staging_budget(memory_limit: int | str | None, ceiling: MemoryLimit) -> int:
     Args:
         memory_limit: the budget asked for, or ``None`` for the default: an eighth of
             the ceiling, at most 2 GiB.
-        ceiling: what this process may use (``container_memory.detect_memory_limit``).
+        ceiling: what this process may use (``container_memory.memory_limit``).
 
     Raises:
         ConfigError: ``memory_limit`` is not a size, is too small, or is not below the
@@ -230,7 +230,7 @@ class Limits:
         Raises:
             ConfigError: ``memory_limit`` is not below the ceiling.
         """
-        return staging_budget(self.memory_limit, detect_memory_limit())
+        return staging_budget(self.memory_limit, memory_limit())
 
     @property
     def read_size(self) -> int:
