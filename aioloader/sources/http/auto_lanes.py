@@ -13,19 +13,19 @@ the core it did not get. Where the file is missing, the thread's CPU time over t
 time is the measure (``time.thread_time``). The file is read at most once a window
 (about 20 us; procfs, never the disk). From then on new range GETs go to the lanes; those
 in flight finish where they are, and the lanes stay until the transport is closed. A
-process that may use one CPU never starts them (lanes.py): a thread there adds no core,
+process that may use one CPU never starts them (``receiver``): a thread there adds no core,
 only contention. The windows are measured, not assumed: an idle moment between loads
 lowers a window's share, it never raises one.
 """
 
 from __future__ import annotations
 
-import logging
 import ssl
 import time
 from collections.abc import Callable
 
 from ...errors import ClosedError
+from ...redact import redacting_logger
 from ...runtime.threads import usable_cpus
 from ...settings.values import AUTO_LANES, HttpOptions
 from .client import Answer, RangeClient
@@ -33,7 +33,7 @@ from .lanes import ReceiveLanes, Receiver
 
 __all__ = ["BUSY", "WINDOW", "AutoLanes", "busy_share", "demand_clock", "receiver"]
 
-logger = logging.getLogger(__name__)
+logger = redacting_logger(__name__)
 
 #: The loop's share of one core, over a window of WINDOW seconds, that starts the lanes.
 BUSY = 0.8
