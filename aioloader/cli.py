@@ -21,6 +21,7 @@ from .redact import redact
 from .runtime.sync import run
 from .settings.options import KEYWORDS
 from .settings.resolver import resolve
+from .settings.texts import for_flag
 from .settings.values import MiB, format_size
 
 __all__ = ["main"]
@@ -62,7 +63,7 @@ def _add_load_options(parser: argparse.ArgumentParser) -> None:
         variable = f" [{keyword.variable}]" if keyword.env else ""
         group.add_argument(
             keyword.flag,
-            type=keyword.parse,
+            type=for_flag(keyword.parse),
             dest=f"option_{keyword.name}",
             help=f"{keyword.help}{variable}",
             metavar=keyword.name.upper(),

@@ -9,7 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+
+from aioloader import ConfigError
+from aioloader.cli import _parser
+from aioloader.settings.resolver import from_environment
+from aioloader.settings.table import KEYWORDS
 
 from .helpers import random_tensors, write_file, write_sharded
 
@@ -158,3 +164,33 @@ def test_memory_limit_suggests_a_size_flag(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert re.search(r"--memory-limit \d+(GiB|MiB)\b", out.stderr), out.stderr
     assert "memory_limit=" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "takes"),
+    [
+        ("--concurrency", "x", "a whole number"),
+        ("--max-attempts", "2.5", "a whole number"),
+        ("--deadline", "soon", "a number of seconds"),
+        ("--receive-lanes", "Auto", "a whole number or auto"),
+    ],
+)
+def test_a_bad_flag_value_says_what_the_flag_takes(
+    flag: str, value: str, takes: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # argparse names a type function that raises ValueError in its message: the
+    # flags' parsers are private, so the user read "invalid _integer value".
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["load", "model.safetensors", flag, value])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument {flag}: {value!r} is not {takes}" in error, error
+    assert "_integer" not in error and "_seconds" not in error and "_lanes" not in error
+
+
+def test_a_bad_variable_says_what_it_takes() -> None:
+    row = next(row for row in KEYWORDS if row.name == "concurrency")
+    with pytest.raises(ConfigError) as info:
+        from_environment(row, {"AIOLOADER_CONCURRENCY": "eight"})
+    assert "AIOLOADER_CONCURRENCY='eight'" in str(info.value)
+    assert "'eight' is not a whole number" in str(info.value)
+    assert "invalid literal" not in str(info.value)

@@ -37,8 +37,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 # A row's text in the environment, the value it gives, and an explicit value unlike it.
 _BY_PARSER: dict[str, tuple[str, Any, Any]] = {
-    "_integer": ("3", 3, 5),
-    "_seconds": ("7.5", 7.5, 2.5),
+    "integer": ("3", 3, 5),
+    "seconds": ("7.5", 7.5, 2.5),
 }
 _LOAD_TEXT: dict[str, tuple[str, Any, Any]] = {
     "chunk_size": ("1MiB", 1 << 20, 2 << 20),

@@ -22,48 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from . import texts
+
 __all__ = ["AZURE_IDENTITY", "CHECK_ETAG", "DAEMON", "FETCH", "KEYWORDS", "ROWS", "Setting"]
 
 Group = Literal["limits", "http", "s3", "load", "daemon", "cache", "azure", "fetch"]
-
-
-def _text(value: str) -> str:
-    return value
-
-
-def _integer(value: str) -> int:
-    return int(value.strip())
-
-
-def _lanes(value: str) -> int | str:
-    return value.strip() if value.strip() == "auto" else _integer(value)
-
-
-def _seconds(value: str) -> float:
-    return float(value.strip())
-
-
-def _switch(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{value!r} is not 0 or 1")
-
-
-def _cache_dir(value: str) -> str | Literal[False]:
-    return value if value.strip() else False  # an empty variable: no cache
-
-
-def _addressing(value: str) -> str:
-    if value.strip() not in ("auto", "path", "virtual"):
-        raise ValueError("write auto, path or virtual")
-    return value.strip()
-
-
-def _items(value: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
 @dataclass(frozen=True)
@@ -92,7 +55,7 @@ class Setting:
     group: Group
     types: tuple[type, ...]
     help: str
-    parse: Callable[[str], Any] | None = _text
+    parse: Callable[[str], Any] | None = texts.text
     env: bool = True
     field: str = ""
     default: Any = None
@@ -121,7 +84,7 @@ class Setting:
 _NUMBER = (int, float)
 
 KEYWORDS: tuple[Setting, ...] = (
-    Setting("concurrency", "limits", (int,), "reads in flight at once", _integer),
+    Setting("concurrency", "limits", (int,), "reads in flight at once", texts.integer),
     Setting("chunk_size", "limits", (int, str), 'the largest single read, e.g. "16MiB"'),
     Setting(
         "memory_limit", "limits", (int, str), 'bytes in flight and staged at once, e.g. "2GiB"'
@@ -134,30 +97,40 @@ KEYWORDS: tuple[Setting, ...] = (
         None,
         env=False,
     ),
-    Setting("max_attempts", "http", (int,), "attempts per range read before giving up", _integer),
     Setting(
-        "backoff", "http", _NUMBER, "seconds before the first retry (doubles each time)", _seconds
+        "max_attempts", "http", (int,), "attempts per range read before giving up", texts.integer
     ),
     Setting(
-        "backoff_max", "http", _NUMBER, "the longest pause between retries, in seconds", _seconds
+        "backoff",
+        "http",
+        _NUMBER,
+        "seconds before the first retry (doubles each time)",
+        texts.seconds,
+    ),
+    Setting(
+        "backoff_max",
+        "http",
+        _NUMBER,
+        "the longest pause between retries, in seconds",
+        texts.seconds,
     ),
     Setting(
         "stall_timeout",
         "http",
         _NUMBER,
         "seconds without a byte before a read is retried",
-        _seconds,
+        texts.seconds,
     ),
-    Setting("connect_timeout", "http", _NUMBER, "seconds to connect", _seconds),
+    Setting("connect_timeout", "http", _NUMBER, "seconds to connect", texts.seconds),
     Setting(
         "min_speed",
         "http",
         (int,),
         "bytes per second a transfer must average, or be retried",
-        _integer,
+        texts.integer,
     ),
-    Setting("deadline", "http", _NUMBER, "seconds a byte range may take, all tries", _seconds),
-    Setting("receive_lanes", "http", (int, str), "threads receiving bodies (or auto)", _lanes),
+    Setting("deadline", "http", _NUMBER, "seconds a byte range may take, all tries", texts.seconds),
+    Setting("receive_lanes", "http", (int, str), "threads receiving bodies (or auto)", texts.lanes),
     Setting(
         "s3_endpoint_url",
         "s3",
@@ -172,7 +145,7 @@ KEYWORDS: tuple[Setting, ...] = (
         "s3",
         (str,),
         '"auto", "path" or "virtual": bucket in the path or in the host name',
-        _addressing,
+        texts.addressing,
         field="addressing",
         blank_unset=True,
     ),
@@ -181,7 +154,7 @@ KEYWORDS: tuple[Setting, ...] = (
         "s3",
         (bool,),
         "unsigned S3 requests (public buckets)",
-        _switch,
+        texts.switch,
         env=False,
         field="anonymous",
     ),
@@ -198,28 +171,28 @@ KEYWORDS: tuple[Setting, ...] = (
         "load",
         (str, os.PathLike),
         "a node cache folder that remote files are kept in",
-        _cache_dir,
+        texts.cache_dir,
     ),
     Setting(
         "hf_cache",
         "load",
         (bool,),
         "write hf:// models into the Hugging Face cache (0 to turn off)",
-        _switch,
+        texts.switch,
     ),
     Setting(
         "hf_revision_timeout",
         "load",
         _NUMBER,
         "seconds to ask the Hub where a cached hf:// branch is before loading the cached commit",
-        _seconds,
+        texts.seconds,
     ),
     Setting(
         "hf_fresh",
         "load",
         (bool,),
         "fail, not load the cached commit, when the Hub does not say where an hf:// branch is",
-        _switch,
+        texts.switch,
     ),
     Setting("device", "load", (str,), '"cpu", "cuda" or "cuda:N"', env=False),
     Setting("framework", "load", (str,), '"torch", "numpy" or "cupy"', env=False),
@@ -231,7 +204,7 @@ CHECK_ETAG = Setting(
     "cache",
     (bool,),
     "check S3 downloads against ETags that are MD5s (0 for stores whose ETags only look so)",
-    _switch,
+    texts.switch,
     default=True,
     blank_unset=True,
 )
@@ -242,7 +215,7 @@ AZURE_IDENTITY = Setting(
     "azure",
     (bool,),
     "sign Azure requests with DefaultAzureCredential (azure-identity) when nothing else is set",
-    _switch,
+    texts.switch,
     default=False,
     blank_unset=True,
 )
@@ -313,7 +286,7 @@ DAEMON: tuple[Setting, ...] = (
         "preload this model and keep it cached (repeatable); 'URL priority=N' downloads "
         "it before lower priorities (default 0)",
         types=(tuple,),
-        parse=_items,
+        parse=texts.items,
         option="model",
         action="append",
     ),
@@ -321,7 +294,7 @@ DAEMON: tuple[Setting, ...] = (
         "allow_prefixes",
         "accept only URLs under a prefix, such as s3://bucket/models/ (repeatable)",
         types=(tuple,),
-        parse=_items,
+        parse=texts.items,
         option="allow_prefix",
         action="append",
     ),
@@ -381,7 +354,7 @@ FETCH: tuple[Setting, ...] = (
         "fetch",
         _NUMBER,
         "seconds fetch waits for the daemon's download to move before giving up (600)",
-        _seconds,
+        texts.seconds,
         default=600.0,
         blank_unset=True,
     ),
