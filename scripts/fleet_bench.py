@@ -83,6 +83,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-swarm", action="store_true", help="no --peers: today's daemon")
     p.add_argument("--netns", choices=("auto", "on", "off"), default="auto")
     p.add_argument(
+        "--mtu", type=int, default=1500,
+        help="the namespaces' links' MTU (default 1500; 9001: EC2 inside a VPC)",
+    )  # fmt: skip
+    p.add_argument(
         "--timeout", type=float, help="seconds per scenario (default: 300, or 4 S/B if more)"
     )
     p.add_argument("--max-minutes", type=float, default=10, help="refuse longer runs")
@@ -97,6 +101,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     bad = set(args.scenarios.split(",")) - {""} - (set(TARGETS) - {"single"})
     if bad or min(args.nodes) < 2 or args.size_mib < 1 or args.shards < 1:
         p.error(f"--nodes >= 2, --size-mib >= 1, --shards >= 1; unknown scenarios: {bad or ''}")
+    if not 1280 <= args.mtu <= 65535:
+        p.error(f"--mtu {args.mtu} is not from 1280 to 65535")
     return args
 
 
@@ -410,7 +416,7 @@ def _one(
     net: Any = None
     bench = None
     try:
-        net = Namespaces(n, rate) if not why_not else Loopback(n, rate)
+        net = Namespaces(n, rate, args.mtu) if not why_not else Loopback(n, rate)
         bench = Bench(args, net, work, model)
         if rate_mb not in singles:
             singles[rate_mb] = bench.single()

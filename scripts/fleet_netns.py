@@ -1,12 +1,16 @@
 """The network of the fleet benchmark: network namespaces shaped with ``tc``, or loopback.
 
-``Namespaces(n, rate)``: a bridge in this namespace holding the origin's address
+``Namespaces(n, rate, mtu)``: a bridge in this namespace holding the origin's address
 (10.77.0.1), and per node a namespace of its own with a veth pair to the bridge and
 the address 10.77.0.(10+i); ``tc`` (a token bucket) shapes each node's link both
 ways at ``rate`` bytes per second: the host end's egress is what the node receives
 (from the origin and from its peers), the node end's what it sends. Everything it
 creates carries this process's id in its name and is removed by ``close()``, which
-the benchmark calls on every way out (an error, Ctrl-C, SIGTERM).
+the benchmark calls on every way out (an error, Ctrl-C, SIGTERM). ``mtu`` is every
+link's (1500: Ethernet's; 9001 is what EC2 gives inside a VPC): the kernel's work per
+byte on these links is per packet, and on 2 MB/s links TCP sends one segment a packet
+(its segments are sized to about a millisecond at the pace it measures), so at 32 nodes
+the packets of 1500 bytes took a third of the two vCPUs in softirq.
 
 ``Loopback(n, rate)``: the nodes on 127.0.0.(10+i) and the origin on 127.0.0.1,
 shaped only by the daemon's own ``--max-bandwidth`` (what it downloads from the
@@ -48,9 +52,12 @@ class Loopback:
     kind = "loopback"
     origin_host = "127.0.0.1"
 
-    def __init__(self, n: int, rate: int) -> None:
+    def __init__(self, n: int, rate: int, mtu: int = 1500) -> None:
+        if not 1280 <= mtu <= 65535:
+            raise ValueError(f"mtu {mtu} is not from 1280 to 65535")
         self.n = n
         self.rate = rate
+        self.mtu = mtu
 
     def host_of(self, i: int) -> str:
         return f"127.0.0.{10 + i}"
@@ -80,9 +87,12 @@ class Namespaces:
     kind = "netns"
     origin_host = f"{SUBNET}.1"
 
-    def __init__(self, n: int, rate: int) -> None:
+    def __init__(self, n: int, rate: int, mtu: int = 1500) -> None:
+        if not 1280 <= mtu <= 65535:
+            raise ValueError(f"mtu {mtu} is not from 1280 to 65535")
         self.n = n
         self.rate = rate
+        self.mtu = mtu
         self.tag = f"fl{os.getpid() % 100000}"
         self.bridge = f"{self.tag}br"
         self.spaces: list[str] = []
@@ -94,7 +104,7 @@ class Namespaces:
             raise
 
     def _build(self) -> None:
-        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "link", "add", self.bridge, "mtu", str(self.mtu), "type", "bridge")
         self.links.append(self.bridge)
         _run("ip", "addr", "add", f"{self.origin_host}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
@@ -102,7 +112,10 @@ class Namespaces:
             space, host_end, node_end = f"{self.tag}n{i}", f"{self.tag}h{i}", f"{self.tag}v{i}"
             _run("ip", "netns", "add", space)
             self.spaces.append(space)
-            _run("ip", "link", "add", host_end, "type", "veth", "peer", "name", node_end)
+            _run(
+                "ip", "link", "add", host_end, "mtu", str(self.mtu), "type", "veth",
+                "peer", "name", node_end, "mtu", str(self.mtu),
+            )  # fmt: skip
             self.links.append(host_end)
             _run("ip", "link", "set", node_end, "netns", space)
             _run("ip", "link", "set", host_end, "master", self.bridge)
@@ -157,4 +170,4 @@ class Namespaces:
 
     def describe(self) -> str:
         shaped = f"tc tbf {self.rate / 1e6:g} MB/s each way" if self.rate else "unshaped"
-        return f"{self.n} network namespaces on bridge {self.bridge}, {shaped}"
+        return f"{self.n} network namespaces on bridge {self.bridge}, {shaped}, MTU {self.mtu}"
