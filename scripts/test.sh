@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-python -m pytest "$@"
+# Two workers by default (AIOLOADER_TEST_WORKERS=0: one process, as before).
+python -m pytest -n "${AIOLOADER_TEST_WORKERS:-2}" "$@"
 if [ -x .venv-ray/bin/python ]; then
     .venv-ray/bin/python -m pytest -p no:cacheprovider tests/test_ray.py "$@"
 fi
