@@ -31,13 +31,31 @@ MiB = 1 << 20
 
 def test_a_small_file_stays_whole_and_a_large_one_is_cut_by_the_pullers() -> None:
     assert spans(RANGED_FROM - 1, 8) == [(0, RANGED_FROM - 1)]
-    got = spans(96 * MiB + 5, 3)
-    assert [length for _, length in got] == [33 * MiB, 33 * MiB, 30 * MiB + 5]
+    got = spans(96 * MiB + 5, 3)  # 97 pieces, the last of 5 bytes
+    assert [length for _, length in got] == [33 * MiB, 32 * MiB, 31 * MiB + 5]
     assert all(offset % PIECE == 0 for offset, _ in got)
     assert sum(length for _, length in got) == 96 * MiB + 5
     big = spans(10 << 30, 4)  # 10 GiB on 4: ranges of 256 MiB at most
     assert max(length for _, length in big) == MAX_RANGE
     assert big[-1][0] + big[-1][1] == 10 << 30
+
+
+@pytest.mark.parametrize(
+    ("size", "pullers"),
+    [(128 * MiB + 1040, 32), (64 * MiB, 32), (1 << 30, 8), (3 * MiB + 64 * MiB, 5), (70 * MiB, 100)],
+)
+def test_every_puller_gets_a_range_within_a_piece_of_the_others(size: int, pullers: int) -> None:
+    # A 128 MiB file (and its header) on 32 pullers: each one's share, 4 MiB and 1040
+    # bytes, rounded up to the 1 MiB piece gave 26 ranges of 5 MiB, and 6 of the 32
+    # origin links had nothing to pull.
+    got = spans(size, pullers)
+    pieces = -(-size // PIECE)
+    assert len(got) == min(pullers, pieces)
+    assert all(offset % PIECE == 0 for offset, _ in got)
+    assert [offset for offset, _ in got] == [0] + [o + n for o, n in got[:-1]]
+    assert got[-1][0] + got[-1][1] == size
+    whole = [-(-length // PIECE) for _, length in got]
+    assert max(whole) - min(whole) <= 1
 
 
 def test_every_node_deals_alike_and_a_gone_puller_s_ranges_go_to_the_others() -> None:

@@ -5,7 +5,7 @@ Every node computes the same ranges and the same owner for each, from the file's
 (the origin's, asked by every node), the split's pullers (deal.py) and the pullers it
 knows are gone: pure functions, no I/O, no clock. A file under ``RANGED_FROM`` stays
 whole (one puller, deal.py's file deal); a larger one is cut into piece-aligned ranges
-of about ``size / cuts`` (at most ``MAX_RANGE``; ``cuts``, the cluster's nodes as
+of ``size / cuts`` within a piece (at most ``MAX_RANGE``; ``cuts``, the cluster's nodes as
 configured over the model's weight files, deal.py), and the ranges of the model's
 files, one file after the other, go round the model's ranking of the pullers
 (rendezvous.py): every puller reads about a 1/n of the model from the origin, whatever
@@ -47,14 +47,24 @@ _HEX = re.compile(r"^[0-9a-f]{64}$")
 
 def spans(size: int, pullers: int, piece: int = PIECE) -> list[tuple[int, int]]:
     """``(offset, length)`` of each range of a file of ``size`` bytes dealt among
-    ``pullers``: one range (the whole file) under ``RANGED_FROM``; else ranges of
-    ``ceil(size / pullers)`` rounded up to the piece, at least a piece and at most
-    ``MAX_RANGE``, the last one ending at the file's end."""
+    ``pullers``: one range (the whole file) under ``RANGED_FROM``; else the file's
+    pieces dealt out evenly, a range per puller (fewer where the file has fewer pieces,
+    more where a range would pass ``MAX_RANGE``), the first ones a piece longer than
+    the rest, the last one ending at the file's end.
+
+    Each puller's share rounded up to the piece left pullers without a range: a 128 MiB
+    file and its header on 32 made 26 ranges of 5 MiB."""
     if size < RANGED_FROM or pullers < 1:
         return [(0, size)]
-    share = -(-size // pullers)
-    length = min(max(-(-share // piece) * piece, piece), MAX_RANGE)
-    return [(at, min(length, size - at)) for at in range(0, size, length)]
+    pieces = -(-size // piece)
+    count = max(min(pullers, pieces), -(-pieces // (MAX_RANGE // piece)))
+    base, longer = divmod(pieces, count)
+    found, at = [], 0
+    for i in range(count):
+        end = min(at + (base + (i < longer)) * piece, size)
+        found.append((at, end - at))
+        at = end
+    return found
 
 
 def owner(
