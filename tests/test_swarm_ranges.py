@@ -42,7 +42,13 @@ def test_a_small_file_stays_whole_and_a_large_one_is_cut_by_the_pullers() -> Non
 
 @pytest.mark.parametrize(
     ("size", "pullers"),
-    [(128 * MiB + 1040, 32), (64 * MiB, 32), (1 << 30, 8), (3 * MiB + 64 * MiB, 5), (70 * MiB, 100)],
+    [
+        (128 * MiB + 1040, 32),
+        (64 * MiB, 32),
+        (1 << 30, 8),
+        (3 * MiB + 64 * MiB, 5),
+        (70 * MiB, 100),
+    ],
 )
 def test_every_puller_gets_a_range_within_a_piece_of_the_others(size: int, pullers: int) -> None:
     # A 128 MiB file (and its header) on 32 pullers: each one's share, 4 MiB and 1040
