@@ -211,7 +211,9 @@ def _rec(status: str, **more: Any) -> dict[str, Any]:
 @pytest.fixture
 async def liar() -> AsyncIterator[_Liar]:
     liar = _Liar()
-    runner = web.AppRunner(liar.app())
+    # Short: a handler stalled on purpose (a fetch killed mid-copy) held the teardown for
+    # aiohttp's default of 60 s.
+    runner = web.AppRunner(liar.app(), shutdown_timeout=0.5)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", liar.port).start()
     try:

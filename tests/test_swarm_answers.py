@@ -46,7 +46,7 @@ async def _peer(
     """A peer's ``route`` (its manifest's by default) answered by ``handler``, on 127.0.0.1."""
     app = web.Application()
     app.router.add_get(route, handler)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
