@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import threading
 from collections.abc import Iterator
 
@@ -20,16 +21,18 @@ def _lane_threads() -> list[str]:
 @pytest.fixture(autouse=True)
 def hf_home_of_its_own(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> Iterator[None]:
     """hf:// loads write the Hugging Face cache by default: never the machine's own (nor
     another test's), and never with the machine's own login token. Tests that need
-    another set them after."""
+    another set them after. The folder goes when the test ends."""
     home = tmp_path_factory.mktemp("hf-home")
     monkeypatch.setenv("HF_HOME", str(home))
     monkeypatch.setenv("HF_HUB_CACHE", str(home / "hub"))
     monkeypatch.setenv("HF_TOKEN_PATH", str(home / "no-token"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    yield
+    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

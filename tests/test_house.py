@@ -367,3 +367,11 @@ async def test_the_allow_list_judges_what_the_fetch_reads(
     finally:
         server.request_exit()
         await serving
+
+
+def test_a_passing_tests_folders_do_not_outlive_it(request: pytest.FixtureRequest) -> None:
+    """The suite writes about 13 GB of models, caches and logs in all: kept to the end,
+    they filled a CI machine's disk (2026-12-07). A passing test's tmp_path goes as it
+    ends; only a failing test's stays, to be read."""
+    assert request.config.getini("tmp_path_retention_policy") == "failed"
+    assert int(request.config.getini("tmp_path_retention_count")) <= 1
