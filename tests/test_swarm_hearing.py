@@ -8,6 +8,7 @@ node sees it: on two vCPUs it answers one node in time and not another)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -44,16 +45,58 @@ def test_two_nodes_that_never_hear_each_other_give_up_and_finish(
     """A puller of the split that never answers this node (its asks held for ever) is
     given up after the stall time (its asks are taken and go unanswered: a busy daemon
     is given that long), and its ranges are dealt again: every node still finishes,
-    bit-identical, each range read from the origin at most twice. The warning says why
-    each silent address gave no answer (before, nothing did: a bench's 9 such warnings
-    on 32 nodes could not tell a busy daemon from a refused connection)."""
+    bit-identical. The warning says why each silent address gave no answer (before,
+    nothing did: a bench's 9 such warnings on 32 nodes could not tell a busy daemon
+    from a refused connection)."""
     sent, size, logs = _deaf_at_first(tmp_path, http_server, held=3600.0, stall=5)
-    assert sent < 2 * size, (sent, size)
     warned = [
         line for log in logs for line in log.splitlines() if "pullers of the split never" in line
     ]
-    assert len(warned) == 2, warned
+    assert len(warned) <= 2, warned  # none where the file came whole before the time
     assert all("no answer within" in line for line in warned), warned
+    # Each range left the origin once: a node that gave up a puller follows a node that
+    # heard it and lists the range held (splits.py). Before, it dealt the range again
+    # by itself and read it from the origin (1.33 copies here; 2.09 at 32 nodes).
+    assert sent <= 1.02 * size, (sent, size)
+    assert not any("read from the origin here" in log for log in logs)
+
+
+async def test_pullers_never_heard_are_given_up_once_the_time_is_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``hear`` asks the silent addresses until the gone time, then gives up the pullers
+    still unheard, all at once, and the warning says why each address gave no answer."""
+    from aioloader.swarm.hearing import Hearing, hear
+
+    asked: list[str] = []
+
+    async def ask(api: str) -> None:
+        asked.append(api)
+        return None
+
+    caplog.set_level(logging.WARNING, logger="aioloader.swarm")
+    hearing = Hearing(open=True)
+    await hear(
+        hearing, ["aa", "bb", "cc"], lambda: {"aa"}, ["10.0.0.2:1", "10.0.0.3:1"], ask,
+        lambda answer: None, gone=0.3, stall=5, late=lambda api: False,
+        interval=lambda: 0.05, why=lambda api: f"no answer within 1 s from {api}",
+    )  # fmt: skip
+    assert hearing.given_up == {"bb", "cc"} and not hearing.open
+    assert {"10.0.0.2:1", "10.0.0.3:1"} <= set(asked)
+    (warned,) = [r.getMessage() for r in caplog.records if "never answered" in r.getMessage()]
+    assert "10.0.0.2:1: no answer within 1 s from 10.0.0.2:1" in warned
+    assert "10.0.0.3:1: no answer within 1 s from 10.0.0.3:1" in warned
+
+
+def test_a_node_deaf_to_a_puller_follows_a_node_that_holds_its_range(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    """A puller that a node never hears is followed through a node that does hear it:
+    the range comes whole from there (listed ``held``), before the node gives it up."""
+    sent, size, logs = _deaf_at_first(tmp_path, http_server, held=3600.0, stall=30)
+    assert sent <= 1.02 * size, (sent, size)
+    assert not any("never answered" in log for log in logs)
+    assert not any("read from the origin here" in log for log in logs)
 
 
 def _deaf_at_first(

@@ -263,6 +263,9 @@ def _manifest(ranges: object, size: int = 96 * MiB) -> dict[str, object]:
         ([{"offset": 0, "length": MiB, "info_hash": "zz"}], "info_hash"),
         ([{"offset": i, "length": 1} for i in range(5000)], "at most 4096"),
         ({"offset": 0}, "is not a list"),
+        ([{"offset": 0, "length": MiB, "done": MiB, "info_hash": "a" * 64, "held": 1}], "held"),
+        ([{"offset": 0, "length": MiB, "done": MiB, "held": True}], "without its info hash"),
+        ([{"offset": 0, "length": MiB, "done": 1, "info_hash": "a" * 64, "held": True}], "whole"),
     ],
 )
 def test_a_peer_lying_about_its_ranges_is_refused(ranges: object, says: str) -> None:
@@ -276,6 +279,19 @@ def test_a_peer_s_true_ranges_are_read() -> None:
     got = parse(_manifest(ranges), "peer", "k" * 64)
     (one,) = got.files[0].ranges
     assert (one.offset, one.length, one.done, one.info_hash) == (0, 33 * MiB, MiB, "a" * 64)
+    assert not one.held
+
+
+def test_a_range_held_whole_is_read_as_held_and_written_back_alike() -> None:
+    """A node lists a range it downloaded whole as ``held`` (splits.py): parsed, and
+    written back the same; a range it pulls says nothing of it."""
+    ranges = [
+        {"offset": 0, "length": 33 * MiB, "done": 33 * MiB, "info_hash": "a" * 64, "held": True},
+        {"offset": 33 * MiB, "length": MiB, "done": 0, "info_hash": None},
+    ]
+    got = parse(_manifest(ranges), "peer", "k" * 64).files[0].ranges
+    assert [one.held for one in got] == [True, False]
+    assert [one.as_dict() for one in got] == ranges
 
 
 def _fleet(tmp_path: Path, first: int, count: int, *args: str) -> list[Node]:

@@ -335,6 +335,12 @@ def info_only(torrent: bytes) -> bytes:
     return bencode({b"info": _dict(top.get(b"info"), "the torrent's info")})
 
 
+def has_layers(torrent: bytes) -> bool:
+    """Whether ``torrent`` carries its piece layers (a full torrent, which a node can seed
+    from a file it holds), not its info dict alone."""
+    return b"piece layers" in _dict(_decoded(torrent), "the torrent")
+
+
 SERVED_WHOLE = 1 << 20
 """The largest range torrent given to followers whole, piece layers included (a file of
 32 GiB in 1 MiB pieces); a larger one goes as its info dict alone (see the module)."""

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ..cache.supply import Arrival, Delivery
@@ -36,12 +36,12 @@ from ..sources.digests import Digest
 from .counts import Reads
 from .download import Download, SwarmError, SwarmStalled, SwarmUnflushed
 from .followed import Followed, NotListed, TorrentLate
-from .hearing import Hearing
 from .manifest import FileOffer, torrent_name
 from .pulling import CHUNK, OriginFile, pull
-from .range_torrents import make_range_torrent, served
+from .range_torrents import has_layers, make_range_torrent, served
 from .ranges import PIECE, RangeOffer, adopted, owner, spans
 from .session import Swarm
+from .splits import Split
 from .torrents import info_hash
 from .view import RangeView
 
@@ -50,30 +50,6 @@ __all__ = ["Ranged", "Split"]
 logger = redacting_logger(__name__)
 
 _ADOPT = 0.5  # seconds between looks for pullers gone
-
-
-@dataclass(frozen=True)
-class Split:
-    """The pullers a large file's ranges are dealt among (deal.py), this node among
-    them or not, and the nodes followed (by id) for the ranges of the others."""
-
-    key: str
-    node: str
-    pullers: list[str]
-    followed: Mapping[str, Followed]
-    gate: asyncio.Semaphore  # this node's requests in flight for its ranges (pulling.py)
-    cuts: int = 0  # the ranges a file is cut into (0: one per puller)
-    start: Callable[[str], int] = lambda name: 0  # where a file's ranges start (deal.py)
-
-    hearing: Hearing = field(default_factory=Hearing)  # the unheard pullers (hearing.py)
-
-    def gone(self) -> set[str]:
-        """The nodes gone, and the pullers this node never heard from once it stopped
-        asking for them (the split is agreed, the answers each node got are not): their
-        ranges are dealt again. While they are asked for, their ranges wait."""
-        went = {n for n, f in self.followed.items() if f.gone is not None}
-        unheard = {n for n in self.pullers if n != self.node and n not in self.followed}
-        return went | self.hearing.gone(unheard)
 
 
 class Ranged(Delivery):
@@ -108,12 +84,13 @@ class Ranged(Delivery):
         self.reads, self.noted, self.digest = reads, noted, digest
         self.spans = spans(self.size, split.cuts or len(split.pullers))
         self._start = split.start(name)
-        listed = self._listed()
-        if listed and not set(listed) <= set(self.spans):  # it joins a split under way
+        listed = split.listing(name, self.size).spans()
+        if listed and not listed <= set(self.spans):  # it joins a split under way
             self.spans = adopted(sorted(listed), self.size)
         loop = asyncio.get_running_loop()
         self._written = [loop.create_future() for _ in self.spans]
         self._mine: dict[int, bytes] = {}  # range -> its torrent, seeded here
+        self._held: dict[int, bytes] = {}  # range -> its torrent, downloaded whole here
         self._downloads: dict[int, Download] = {}
         self._pulling: set[int] = set()  # ranges read from the origin here
         self._delivered: set[str] = set()  # the nodes a range came from whole
@@ -130,14 +107,24 @@ class Ranged(Delivery):
         return f"{self.url}: range [{offset}, {offset + length})"
 
     def owner(self, i: int) -> str:
-        """The node range ``i`` comes from: a node alive that lists it, else the deal's."""
+        """The node range ``i`` comes from: a node alive that lists it as its puller, else
+        the deal's owner where it holds it or nobody does, else a node that holds it."""
+        split, span = self.split, self.spans[i]
+        listing = split.listing(self.name, self.size)
+        pulled = listing.pulled.get(span)
+        if pulled is not None:
+            return pulled
+        gone = split.gone()
+        dealt = owner(split.key, self.name, len(self.spans), i, split.pullers, gone, self._start)
+        held = listing.holder(span, i, dealt)
+        return dealt if held is None else held
+
+    def _unheard(self, i: int) -> bool:
+        """Whether range ``i``'s first puller is one this node gave up unheard (others
+        may hear it, and download the range from it)."""
         split = self.split
-        listed = self._listed().get(self.spans[i])
-        if listed is not None:
-            return listed
-        return owner(
-            split.key, self.name, len(self.spans), i, split.pullers, split.gone(), self._start
-        )
+        first = owner(split.key, self.name, len(self.spans), i, split.pullers, set(), self._start)
+        return first in split.hearing.given_up
 
     def roles(self) -> tuple[RangeView, ...]:
         """How each range comes here, for the cluster's view (view.py)."""
@@ -154,18 +141,6 @@ class Ranged(Delivery):
                 done = download.done if download is not None else 0
                 found.append(RangeView(offset, length, min(done, length), "follows", who))
         return tuple(found)
-
-    def _listed(self) -> dict[tuple[int, int], str]:
-        """The ranges of this file (this version's size) the nodes alive list, and who."""
-        found: dict[tuple[int, int], str] = {}
-        gone = self.split.gone()
-        for node, follow in sorted(self.split.followed.items()):
-            offer = follow.manifest.file(self.name) if follow.manifest else None
-            if node in gone or offer is None or offer.size != self.size:
-                continue
-            for one in offer.ranges:
-                found.setdefault((one.offset, one.length), node)
-        return found
 
     # -- the cache's seam ------------------------------------------------------------------
 
@@ -236,6 +211,8 @@ class Ranged(Delivery):
                     await asyncio.sleep(_ADOPT)  # its puller unheard yet, asked again
                     continue
                 if follow is None:
+                    if self._unheard(i) and await self._held_soon(i):
+                        continue  # a node that heard its puller holds it: followed there
                     await self._pull(i)
                     break
                 try:
@@ -294,6 +271,23 @@ class Ranged(Delivery):
         await download.wait_range(offset, offset + length)
         self._delivered.add(follow.node)
         self.reads.from_peers(self.name, length)
+        if i not in self._mine:  # offered too: a node that gave up its puller finds it
+            self._held[i] = torrent
+            seeded = torrent if has_layers(torrent) else None
+            self._show(i, RangeOffer(offset, length, length, info_hash(torrent), seeded,
+                                     torrent, held=True))  # fmt: skip
+
+    async def _held_soon(self, i: int) -> bool:
+        """Wait up to the stall time for a node alive to list range ``i`` (held, or as
+        its puller); False where none does by then."""
+        span, loop = self.spans[i], asyncio.get_running_loop()
+        until = loop.time() + self.swarm.stall
+        while loop.time() < until:
+            listing = self.split.listing(self.name, self.size)
+            if span in listing.held or span in listing.pulled:
+                return True
+            await asyncio.sleep(_ADOPT)
+        return False
 
     async def _pull(self, i: int) -> None:
         """Read range ``i`` from the origin into the partial file; then publish it."""
@@ -328,9 +322,11 @@ class Ranged(Delivery):
         self._mine[i] = torrent
         self._show(i, RangeOffer(offset, length, length, info_hash(torrent), torrent, given))
 
-    def _show(self, i: int, one: RangeOffer) -> None:
-        ranges = [r for r in self.offer.ranges if r.offset != one.offset]
-        ranges.append(one)
+    def _show(self, i: int, one: RangeOffer | None) -> None:
+        offset = self.spans[i][0]
+        ranges = [r for r in self.offer.ranges if r.offset != offset]
+        if one is not None:
+            ranges.append(one)
         ranges.sort(key=lambda r: r.offset)
         done = sum(r.done for r in ranges)
         self.offer = replace(self.offer, ranges=tuple(ranges), done=min(done, self.size))
@@ -364,6 +360,14 @@ class Ranged(Delivery):
                 await self.swarm.seed_range(torrent, data)
             except (OSError, ValueError, SwarmError) as exc:
                 logger.warning("%s: a range no longer offered: %s", self.url, exc)
+        for i, torrent in self._held.items():  # seeded from the entry too, where it can be
+            try:
+                if not has_layers(torrent):
+                    raise SwarmError("its torrent came without its piece layers")
+                await self.swarm.seed_range(torrent, data)
+            except (OSError, ValueError, SwarmError) as exc:
+                logger.info("%s: no longer offered: %s", self._what(i), exc)
+                self._show(i, None)
         await self.origin.aclose()
 
     async def aclose(self) -> None:

@@ -92,8 +92,10 @@ def owner(
 class RangeOffer:
     """One range of a file in a manifest: its bytes ``[offset, offset + length)``, the
     bytes its puller has read of it (``done``), and its range torrent's info hash once
-    written and seeded. ``torrent`` (the full torrent, seeded here) and ``served`` (what a
-    peer fetches by the info hash: range_torrents.py's ``served``) are this node's only."""
+    written and seeded. ``held``: the node did not pull it, it downloaded it whole from
+    a peer and offers it too (ranged.py: a node that gave up the range's puller finds it
+    there). ``torrent`` (the full torrent, seeded here) and ``served`` (what a peer
+    fetches by the info hash: range_torrents.py's ``served``) are this node's only."""
 
     offset: int
     length: int
@@ -101,14 +103,16 @@ class RangeOffer:
     info_hash: str | None = None
     torrent: bytes | None = field(default=None, compare=False, repr=False)
     served: bytes | None = field(default=None, compare=False, repr=False)
+    held: bool = False
 
     def as_dict(self) -> dict[str, object]:
-        return {
+        found: dict[str, object] = {
             "offset": self.offset,
             "length": self.length,
             "done": self.done,
             "info_hash": self.info_hash,
         }
+        return found | {"held": True} if self.held else found
 
 
 def _int(value: object, what: str, top: int) -> int:
@@ -120,7 +124,8 @@ def _int(value: object, what: str, top: int) -> int:
 def parse_ranges(raw: object, size: int, what: str) -> tuple[RangeOffer, ...]:
     """A peer's ranges of a file of ``size`` bytes (``what`` names it), checked: a list
     of at most ``MAX_RANGES`` objects, each inside the file, not empty, done within
-    its length, a v2 info hash or null; no two overlapping.
+    its length, a v2 info hash or null, ``held`` (if there) true or false and only with
+    an info hash and all of it done; no two overlapping.
 
     Raises:
         ValueError: any of that does not hold, saying which.
@@ -142,7 +147,12 @@ def parse_ranges(raw: object, size: int, what: str) -> tuple[RangeOffer, ...]:
         if digest is not None and (not isinstance(digest, str) or not _HEX.match(digest)):
             raise ValueError(f"{at}.info_hash is not a v2 info hash (64 hex digits)")
         done = _int(item.get("done", 0), f"{at}.done", length)
-        found.append(RangeOffer(offset, length, done, digest))
+        held = item.get("held", False)
+        if not isinstance(held, bool):
+            raise ValueError(f"{at}.held is not true or false")
+        if held and (digest is None or done != length):
+            raise ValueError(f"{at} is held without its info hash, or not whole")
+        found.append(RangeOffer(offset, length, done, digest, held=held))
     _disjoint(found, what)
     return tuple(found)
 

@@ -10,7 +10,7 @@ from .deal import Deal
 from .followed import Followed
 from .hearing import Hearing
 from .manifest import MAX_ORIGIN_REQUESTS
-from .ranged import Split
+from .splits import Split
 
 __all__ = ["Routes"]
 

@@ -43,9 +43,10 @@ from .blobs import HeldBlob, OriginBlob, Reads, SwarmBlob
 from .download import SwarmError
 from .incoming import Follow, Incoming
 from .manifest import FileOffer, file_name
-from .ranged import Ranged, Split
+from .ranged import Ranged
 from .ranges import RANGED_FROM
 from .session import Swarm
+from .splits import Split
 from .view import RangeView
 
 logger = redacting_logger(__name__)
