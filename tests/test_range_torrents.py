@@ -24,6 +24,7 @@ from aioloader.swarm.range_torrents import (
     make_range_torrent,
     served,
 )
+from aioloader.swarm.scratch import linked, unlinked
 from aioloader.swarm.session import Swarm
 from aioloader.swarm.settings_pack import settings_pack
 from aioloader.swarm.torrents import info_hash, libtorrent
@@ -563,3 +564,68 @@ async def test_a_peer_sending_wrong_bytes_for_the_range_is_banned_and_the_range_
         await download.wait_range(offset, offset + length)
     assert into.read_bytes() == _holding(data, [(offset, length)], before)
     assert bad.read_bytes() == bytes(rotten)  # nobody wrote to the liar's file
+
+
+# -- a range seeded across the cache's commit (scratch.py's ``linked``) ----------------------
+
+
+@pytest.mark.parametrize("through_a_link", [True, False])
+async def test_a_range_seeded_through_a_link_is_served_after_the_entry_is_committed(
+    tmp_path: Path, swarms: list[Swarm], through_a_link: bool
+) -> None:
+    """The cache commits an entry by renaming its partial file; a range torrent seeded
+    from the partial file's own name then fails ("No such file or directory") when a
+    peer asks for a piece: at 32 nodes, 60 torrents failed so, each in the window
+    before the node seeded it again from the committed file. Seeded through a hard
+    link in the swarm's scratch folder, the range is served across the rename."""
+    size, offset, length = 40 * P, 8 * P, 16 * P
+    data = os.urandom(size)
+    partial = _partial(tmp_path / "entry" / "data.partial", _holding(data, [(offset, length)]))
+    seeded = linked(partial, tmp_path / "scratch") if through_a_link else partial
+    assert seeded.stat().st_ino == partial.stat().st_ino
+    assert (seeded != partial) is through_a_link
+    torrent = await _torrent(seeded, offset, length, size)
+    seeder = await _swarm(swarms, 61, [62])
+    follower = await _swarm(swarms, 62, [61])
+    await seeder.seed_range(torrent, seeded)
+    partial.rename(partial.with_name("data"))  # the commit
+    into = _partial(tmp_path / "f" / "data.partial", bytes(size))
+    download = await follower.download_range(
+        info_only(torrent), into, [("127.0.0.61", seeder.port)]
+    )
+    try:
+        if through_a_link:
+            async with asyncio.timeout(60):
+                await download.wait_range(offset, offset + length)
+            assert into.read_bytes() == _holding(data, [(offset, length)])
+            assert info_hash(torrent) not in seeder.failed
+        else:
+            await _until(lambda: _failed(seeder, info_hash(torrent)), 60)
+    finally:
+        await download.aclose()
+    unlinked(seeded, partial)
+    assert not seeded.exists()  # the link removed; without one, the partial file renamed
+    assert (tmp_path / "entry" / "data").read_bytes() == _holding(data, [(offset, length)])
+
+
+async def _failed(swarm: Swarm, key: str) -> bool:
+    await swarm.refresh()
+    return key in swarm.failed
+
+
+def test_no_link_across_file_systems_means_the_file_s_own_name(tmp_path: Path) -> None:
+    """Where the scratch folder is on another file system, no link can be made: the
+    torrents use the partial file's own name, as they did before links."""
+    other = Path("/dev/shm")
+    if not other.is_dir() or other.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second file system at /dev/shm")
+    partial = _partial(tmp_path / "entry" / "data.partial", b"x" * 100)
+    folder = other / f"aioloader-test-{os.getpid()}"
+    try:
+        assert linked(partial, folder) == partial
+        unlinked(partial, partial)
+        assert partial.read_bytes() == b"x" * 100
+    finally:
+        for leftover in folder.glob("*"):
+            leftover.unlink()
+        folder.rmdir()

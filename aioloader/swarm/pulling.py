@@ -19,12 +19,14 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import ObjectChangedError
+from ..runtime.direct_io import fill
 from ..runtime.tasks import gather
 from ..runtime.threads import run_blocking
 from ..sources.base import Blob, Current, Source
+from ..sources.digests import Running
 from .counts import Reads
 
-__all__ = ["CHUNK", "READS", "OriginFile", "pull"]
+__all__ = ["CHUNK", "READS", "OriginFile", "pull", "whole_digest"]
 
 CHUNK = 8 << 20
 """The largest origin read."""
@@ -109,3 +111,17 @@ def _pwrite(fd: int, view: memoryview, at: int) -> None:
     done = 0
     while done < view.nbytes:
         done += os.pwrite(fd, view[done:], at + done)
+
+
+def whole_digest(path: Path, size: int, running: Running) -> str:
+    """``running`` fed the ``size`` bytes of the file at ``path`` in order, and its
+    result (blocking)."""
+    view = memoryview(bytearray(min(CHUNK, max(size, 1))))
+    with open(path, "rb") as file:
+        at = 0
+        while at < size:
+            n = min(CHUNK, size - at)
+            fill(file.fileno(), view, at, n)
+            running.update(view[:n])
+            at += n
+    return running.result()

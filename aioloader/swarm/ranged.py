@@ -29,7 +29,6 @@ from pathlib import Path
 from ..cache.supply import Arrival, Delivery
 from ..errors import DigestMismatchError
 from ..redact import redacting_logger
-from ..runtime.direct_io import fill
 from ..runtime.threads import run_blocking
 from ..sources.base import Current, Source
 from ..sources.digests import Digest
@@ -37,9 +36,10 @@ from .counts import Reads
 from .download import Download, SwarmError, SwarmStalled, SwarmUnflushed
 from .followed import Followed, NotListed, TorrentLate
 from .manifest import FileOffer, torrent_name
-from .pulling import CHUNK, OriginFile, pull
+from .pulling import OriginFile, pull, whole_digest
 from .range_torrents import has_layers, make_range_torrent, served
 from .ranges import PIECE, RangeOffer, adopted, owner, spans
+from .scratch import linked, unlinked
 from .session import Swarm
 from .splits import Split
 from .torrents import info_hash
@@ -76,12 +76,13 @@ class Ranged(Delivery):
         reads: Reads,
         noted: Callable[[FileOffer], None],
         digest: Digest | None,
+        scratch: Path,
     ) -> None:
         self.origin = OriginFile(origin, url, name, current, reads)
         super().__init__(self.origin)
         self.split, self.swarm, self.lane = split, swarm, lane
         self.url, self.name, self.size = url, name, current.size
-        self.reads, self.noted, self.digest = reads, noted, digest
+        self.reads, self.noted, self.digest, self.scratch = reads, noted, digest, scratch
         self.spans = spans(self.size, split.cuts or len(split.pullers))
         self._start = split.start(name)
         listed = split.listing(name, self.size).spans()
@@ -95,7 +96,8 @@ class Ranged(Delivery):
         self._pulling: set[int] = set()  # ranges read from the origin here
         self._delivered: set[str] = set()  # the nodes a range came from whole
         self._tasks: list[asyncio.Task[None]] = []
-        self._path: Path | None = None
+        self._path: Path | None = None  # a link to the entry's partial file (scratch.py)
+        self._partial: Path | None = None
         self._committed = False
         self.offer = FileOffer(name, url, self.size, current.etag, current.last_modified)
 
@@ -149,7 +151,8 @@ class Ranged(Delivery):
         if self._path is not None:  # one landing a fetch
             yield None
             return
-        self._path = path
+        self._partial = path
+        self._path = await run_blocking(self.lane, lambda: linked(path, self.scratch))
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._range(i), name=f"aioloader {self._what(i)}")
@@ -178,19 +181,7 @@ class Ranged(Delivery):
         if digest is None or running is None or path is None:
             return
         await asyncio.gather(*(asyncio.shield(w) for w in self._written))
-
-        def whole() -> str:
-            view = memoryview(bytearray(min(CHUNK, max(self.size, 1))))
-            with open(path, "rb") as file:
-                at = 0
-                while at < self.size:
-                    n = min(CHUNK, self.size - at)
-                    fill(file.fileno(), view, at, n)
-                    running.update(view[:n])
-                    at += n
-            return running.result()
-
-        actual = await run_blocking(self.lane, whole)
+        actual = await run_blocking(self.lane, lambda: whole_digest(path, self.size, running))
         if actual != digest.value:
             raise DigestMismatchError(
                 f"{self.url}: the file assembled from its ranges does not match the "
@@ -368,12 +359,20 @@ class Ranged(Delivery):
             except (OSError, ValueError, SwarmError) as exc:
                 logger.info("%s: no longer offered: %s", self._what(i), exc)
                 self._show(i, None)
+        await self._unlink()
         await self.origin.aclose()
 
     async def aclose(self) -> None:
         """The fetch ended: what runs stops; ranges of a file not committed leave."""
         await self._stop(unseed=not self._committed)
         await self.origin.aclose()
+        if not self._committed:
+            await self._unlink()
+
+    async def _unlink(self) -> None:
+        link, partial = self._path, self._partial
+        if link is not None and partial is not None:
+            await run_blocking(self.lane, lambda: unlinked(link, partial))
 
     async def _stop(self, *, unseed: bool) -> None:
         tasks, self._tasks = self._tasks, []

@@ -15,11 +15,12 @@ import contextlib
 import fcntl
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 from ..redact import redacting_logger
 
-__all__ = ["Scratch"]
+__all__ = ["Scratch", "linked", "unlinked"]
 
 logger = redacting_logger(__name__)
 
@@ -99,3 +100,27 @@ class Scratch:
         with contextlib.suppress(OSError):
             self._lock_path.unlink()
         os.close(fd)
+
+
+def linked(path: Path, folder: Path) -> Path:
+    """A hard link to the file at ``path`` in ``folder`` (blocking), or ``path`` itself
+    where none can be made (another file system): a name that the cache's commit, a
+    rename of ``path``, leaves in place, so that torrents reading and writing the file
+    by name go on across it. Peers asked for ranges that a node downloaded got "No such
+    file or directory" from the moment the entry was renamed until its torrents were
+    seeded again from the committed file (32 nodes: 60 torrents failed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / f"{uuid.uuid4().hex[:16]}-{path.name}"
+    try:
+        os.link(path, link)
+    except OSError as exc:
+        logger.info("%s: no link in %s (%s); its torrents use its own name", path, folder, exc)
+        return path
+    return link
+
+
+def unlinked(link: Path, path: Path) -> None:
+    """Remove ``link`` (``linked``'s), unless it is ``path`` itself (blocking)."""
+    if link != path:
+        with contextlib.suppress(OSError):
+            link.unlink()

@@ -269,7 +269,7 @@ class SwarmSupply(Supply):
                     await ranged.aclose()
                 ranged = self._ranged[name] = Ranged(
                     split, self.swarm, lane, origin, url, name, current, self.reads,
-                    self.noted, digest,
+                    self.noted, digest, self.scratch,
                 )  # fmt: skip
         return ranged
 
