@@ -329,6 +329,11 @@ class FaultyHttpServer(StartStop):
         """Send the body one byte at a time, ``bytes_per_second`` of them each second."""
         self._add(_Fault("trickle", _opt(path), count, seconds=1 / bytes_per_second))
 
+    def pace(self, path: str | None, bytes_per_second: float, count: int = 1) -> None:
+        """Send the body in the server's chunks, ``bytes_per_second`` each response: an
+        origin that throttles each request (a CDN with a greedy client)."""
+        self._add(_Fault("pace", _opt(path), count, seconds=1 / bytes_per_second))
+
     def short_body(self, path: str | None, count: int = 1) -> None:
         """Promise the full Content-Length, send half of it and close cleanly (FIN)."""
         self._add(_Fault("short", _opt(path), count))
@@ -674,6 +679,8 @@ class FaultyHttpServer(StartStop):
                 sent += len(piece)
                 with self._lock:
                     self._bytes_sent += len(piece)
+                if fault is not None and fault.kind == "pace":
+                    await asyncio.sleep(len(piece) * fault.seconds)
         await response.write_eof()
         return response
 

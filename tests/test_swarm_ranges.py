@@ -16,6 +16,7 @@ import pytest
 
 from aioloader.swarm.manifest import ManifestError, model_key, parse
 from aioloader.swarm.proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof
+from aioloader.swarm.pulling import CHUNK, sized
 from aioloader.swarm.range_torrents import make_range_torrent
 from aioloader.swarm.ranges import MAX_RANGE, PIECE, RANGED_FROM, adopted, owner, spans
 from aioloader.swarm.torrents import info_hash
@@ -348,6 +349,48 @@ def test_a_one_file_model_comes_through_every_node_s_origin_link(
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_pullers_behind_a_slow_origin_are_seen_moving_and_followed(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    """The origin sends 1 MiB a second a request (a throttling CDN), so a puller's read
+    of 8 MiB took 8 s: its manifest showed nothing moving for longer than the followers'
+    stall time (5 s here), and each follower read the range from the origin itself (3
+    copies of the file). Reads are sized to the rate now (swarm/pulling.py): the bytes
+    read show every 2 s or so, and each range leaves the origin once."""
+    file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
+    url = http_server.url_for("m/w.safetensors")
+    size = file.stat().st_size
+    http_server.pace("m/w.safetensors", MiB, count=10_000)
+    nodes = _fleet(tmp_path, 234, 3, "--swarm-stall", "5")
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            status, body = node.post({"url": url, "id": "m"})
+            assert status in (200, 202), (status, body)
+        records = [node.wait_status("m", "ready", 180) for node in nodes]
+        sent = http_server.bytes_sent
+        logs = [node.log.read_text() for node in nodes]
+        print(f"paced origin: sent {sent} of {size}")
+        assert not any("read from the origin here" in log for log in logs)
+        assert sent <= 1.02 * size, (sent, size)
+        want = file.read_bytes()
+        for record in records:
+            assert _data(record) == want
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_a_read_is_sized_to_show_progress_every_two_seconds() -> None:
+    assert sized(MiB, 0.01) == CHUNK  # fast: the largest read
+    assert sized(MiB, 2.0) == MiB  # 0.5 MiB/s: 1 MiB in 2 s
+    assert sized(MiB, 4.0) == 512 << 10
+    assert sized(MiB, 3600.0) == 256 << 10  # however slow, 256 KiB
+    assert sized(3 * MiB, 2.0) == 2 * MiB  # a power of two, not over the rate
+    assert sized(MiB, 0.0) == CHUNK
 
 
 def test_a_puller_killed_mid_pull_costs_only_its_unpublished_ranges(

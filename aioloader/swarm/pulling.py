@@ -1,12 +1,18 @@
 """A range of a large file read from the origin straight into the cache entry's partial
 file (``pull``; ranged.py), and the origin's file behind it (``OriginFile``).
 
-A range is read in ``CHUNK`` bytes at a time, ``READS`` of them in flight at most, each
-through ``gate``: the requests in flight this node may have to the origin for its
-ranges (the cluster's cap shared out among the pullers, deal.py), whatever the number
-of files and ranges it pulls at once. Each chunk is written at its offset with
-``os.pwrite`` in a thread; the bytes read are reported as they come (``progress``),
-which the node's manifest shows, so that its followers see it move.
+A range is read in ``CHUNK`` bytes at a time at most, ``READS`` of them in flight at
+most, each through ``gate``: the requests in flight this node may have to the origin
+for its ranges (the cluster's cap shared out among the pullers, deal.py), whatever the
+number of files and ranges it pulls at once. Each chunk is written at its offset with
+``os.pwrite`` in a thread; the bytes read are reported as each chunk is written
+(``progress``), which the node's manifest shows, so that its followers see it move.
+
+A read is sized to take about ``PACE`` seconds at the rate the last one came (from
+``FIRST`` bytes, between ``SMALLEST`` and ``CHUNK``): at 8 MiB a read, an origin that
+sends 0.25 MB/s a request (a CDN throttling a greedy client) left a puller's manifest
+unchanged for 32 s, its followers took it for stalled after ``--swarm-stall`` and read
+the range from the origin themselves, which throttled it more.
 """
 
 from __future__ import annotations
@@ -26,10 +32,17 @@ from ..sources.base import Blob, Current, Source
 from ..sources.digests import Running
 from .counts import Reads
 
-__all__ = ["CHUNK", "READS", "OriginFile", "pull", "whole_digest"]
+__all__ = ["CHUNK", "READS", "OriginFile", "pull", "sized", "whole_digest"]
 
 CHUNK = 8 << 20
 """The largest origin read."""
+FIRST = 1 << 20
+"""The first read of a range, before its rate is known."""
+SMALLEST = 256 << 10
+"""The smallest read, however slow the origin."""
+PACE = 2.0
+"""Seconds a read should take at most at the last read's rate: the bytes read show in
+the manifest at least that often (a fraction of any ``--swarm-stall``)."""
 READS = 4
 """Reads of one range in flight at most (each also through the node's gate)."""
 
@@ -85,26 +98,41 @@ async def pull(
     """Read bytes ``[offset, offset + length)`` of ``file`` into the file at ``path`` at
     that offset; ``progress(n)`` after each chunk of ``n`` bytes written."""
     blob = await file.opened()
-    chunks = [
-        (at, min(CHUNK, offset + length - at)) for at in range(offset, offset + length, CHUNK)
-    ]
+    loop = asyncio.get_running_loop()
+    end = offset + length
+    cursor, chunk = offset, FIRST
     fd = await run_blocking(lane, lambda: os.open(path, os.O_WRONLY), on_abandon=os.close)
 
     async def reader() -> None:
+        nonlocal cursor, chunk
         buffer = bytearray(min(CHUNK, length))
-        while chunks:
-            at, n = chunks.pop(0)
+        while cursor < end:
+            at = cursor
+            n = min(chunk, end - at)
+            cursor += n
             view = memoryview(buffer)[:n]
             async with gate:
+                began = loop.time()
                 await blob.read_into(at, [view])
+                chunk = sized(n, loop.time() - began)
             await run_blocking(lane, partial(_pwrite, fd, view, at))
             file.reads.from_origin(file.name, n)
             progress(n)
 
     try:
-        await gather(reader() for _ in range(min(READS, len(chunks))))
+        await gather(reader() for _ in range(min(READS, -(-length // FIRST))))
     finally:
         os.close(fd)
+
+
+def sized(n: int, took: float) -> int:
+    """The next read's size, after a read of ``n`` bytes that took ``took`` seconds: what
+    that rate brings in ``PACE`` seconds, a power of two from ``SMALLEST`` to ``CHUNK``."""
+    want = n * PACE / max(took, 1e-6)
+    size = SMALLEST
+    while size * 2 <= min(want, CHUNK):
+        size *= 2
+    return size
 
 
 def _pwrite(fd: int, view: memoryview, at: int) -> None:
