@@ -476,14 +476,15 @@ class _LyingPuller:
         self.server.server_close()
 
 
-@pytest.mark.parametrize("lie", ["overlap", "outside", "another size"])
+@pytest.mark.parametrize("lie", ["overlap", "outside", "another size", "held, another size"])
 def test_a_peer_lying_about_a_range_is_left_and_the_others_finish(
     tmp_path: Path, http_server: FaultyHttpServer, lie: str
 ) -> None:
     """A proven peer says it pulls the file and lists ranges that overlap, ranges past
     the file's end (its manifest is refused whole), or ranges whose torrents describe a
-    file of another size (each refused, the peer left, its ranges dealt again): the
-    three real nodes finish, bit-identical, the origin sending about one copy."""
+    file of another size, as their puller or as a node that holds them whole (each
+    refused, the peer left, its ranges dealt again): the three real nodes finish,
+    bit-identical, the origin sending about one copy."""
     file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
     url = http_server.url_for("m/w.safetensors")
     size = file.stat().st_size
@@ -503,8 +504,11 @@ def test_a_peer_lying_about_a_range_is_left_and_the_others_finish(
         ranges = [{"offset": size - MiB, "length": 2 * MiB}]
     else:
         ranges = [{"offset": o, "length": n, "done": n, "info_hash": digest} for o, n in cuts]
+        if lie == "held, another size":  # it says it downloaded every range, whole
+            ranges = [dict(r, held=True) for r in ranges]
     liar = _LyingPuller(offer, ranges, torrent)
-    nodes = _fleet(tmp_path, 171 + 4 * ["overlap", "outside", "another size"].index(lie), 3)
+    lies = ["overlap", "outside", "another size", "held, another size"]
+    nodes = _fleet(tmp_path, 171 + 4 * lies.index(lie), 3)
     for node in nodes:
         node.args[node.args.index("--peers") + 1] += f",{liar.address}"
     try:
@@ -522,7 +526,8 @@ def test_a_peer_lying_about_a_range_is_left_and_the_others_finish(
             assert _data(record) == want
         logs = "".join(node.output() for node in nodes)
         said = {"overlap": "ranges overlap", "outside": "length is not an integer",
-                "another size": "not that range of"}[lie]  # fmt: skip
+                "another size": "not that range of",
+                "held, another size": "not that range of"}[lie]  # fmt: skip
         assert said in logs, logs[-4000:]
     finally:
         for node in nodes:
