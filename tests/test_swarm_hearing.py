@@ -99,13 +99,27 @@ def test_a_node_deaf_to_a_puller_follows_a_node_that_holds_its_range(
     assert not any("read from the origin here" in log for log in logs)
 
 
+def test_a_node_deaf_to_a_puller_follows_a_node_still_downloading_its_range(
+    tmp_path: Path, http_server: FaultyHttpServer
+) -> None:
+    """The node that hears both pullers takes 4 MB/s from the swarm, so it holds their
+    ranges whole only after the others' stall time (5 s). It offers each range as it
+    downloads it, and the two deaf nodes take the pieces from it as they come. Offered
+    only once whole, the deaf nodes gave their pullers up, found nobody listing the
+    ranges and read them from the origin."""
+    sent, size, logs = _deaf_at_first(tmp_path, http_server, held=3600.0, stall=5, slow=4_000_000)
+    assert sent <= 1.02 * size, (sent, size)
+    assert not any("read from the origin here" in log for log in logs)
+
+
 def _deaf_at_first(
-    tmp_path: Path, http_server: FaultyHttpServer, held: float, stall: int
+    tmp_path: Path, http_server: FaultyHttpServer, held: float, stall: int, slow: int = 0
 ) -> tuple[int, int, list[str]]:
     """Nodes a, b and c fetch a one-file model; c deals first (it hears a and b: the split
     is all three) and a and b take its split, but their asks of each other are held for
-    ``held`` seconds. Every node's copy is checked bit for bit; returns the bytes the
-    origin sent, the file's size and the daemons' logs."""
+    ``held`` seconds; ``slow``: c's swarm takes and sends that many bytes a second (0:
+    no cap). Every node's copy is checked bit for bit; returns the bytes the origin
+    sent, the file's size and the daemons' logs."""
     file = single_file(http_server.root / "m" / "w.safetensors", kib=96 * 1024)
     url = http_server.url_for("m/w.safetensors")
     size = file.stat().st_size
@@ -120,7 +134,8 @@ def _deaf_at_first(
         ]
         nodes = []
         for host, port, peers in zip(hosts, ports, lists, strict=True):
-            node = Node(tmp_path, host, ",".join(peers), "--swarm-stall", str(stall))
+            rate = ["--swarm-rate", str(slow)] if slow and host == hosts[2] else []
+            node = Node(tmp_path, host, ",".join(peers), "--swarm-stall", str(stall), *rate)
             node.port = port
             nodes.append(node)
         try:

@@ -266,7 +266,10 @@ def _manifest(ranges: object, size: int = 96 * MiB) -> dict[str, object]:
         ({"offset": 0}, "is not a list"),
         ([{"offset": 0, "length": MiB, "done": MiB, "info_hash": "a" * 64, "held": 1}], "held"),
         ([{"offset": 0, "length": MiB, "done": MiB, "held": True}], "without its info hash"),
-        ([{"offset": 0, "length": MiB, "done": 1, "info_hash": "a" * 64, "held": True}], "whole"),
+        (
+            [{"offset": 0, "length": MiB, "done": 2 * MiB, "info_hash": "a" * 64, "held": True}],
+            "done is not an integer",
+        ),
     ],
 )
 def test_a_peer_lying_about_its_ranges_is_refused(ranges: object, says: str) -> None:
@@ -284,14 +287,15 @@ def test_a_peer_s_true_ranges_are_read() -> None:
 
 
 def test_a_range_held_whole_is_read_as_held_and_written_back_alike() -> None:
-    """A node lists a range it downloaded whole as ``held`` (splits.py): parsed, and
-    written back the same; a range it pulls says nothing of it."""
+    """A node lists a range it downloads from a peer as ``held`` (splits.py), whole or
+    on its way: parsed, and written back the same; a range it pulls says nothing of it."""
     ranges = [
         {"offset": 0, "length": 33 * MiB, "done": 33 * MiB, "info_hash": "a" * 64, "held": True},
         {"offset": 33 * MiB, "length": MiB, "done": 0, "info_hash": None},
+        {"offset": 34 * MiB, "length": MiB, "done": 0, "info_hash": "b" * 64, "held": True},
     ]
     got = parse(_manifest(ranges), "peer", "k" * 64).files[0].ranges
-    assert [one.held for one in got] == [True, False]
+    assert [one.held for one in got] == [True, False, True]
     assert [one.as_dict() for one in got] == ranges
 
 

@@ -250,6 +250,8 @@ class Ranged(Delivery):
         download = self._downloads.pop(i, None)
         if download is not None:
             await download.aclose()
+            if i not in self._mine and i not in self._pulling:
+                self._show(i, None)  # no longer coming from a peer: not offered
 
     async def _fetch(self, i: int, follow: Followed) -> None:
         offset, length = self.spans[i]
@@ -259,6 +261,9 @@ class Ranged(Delivery):
         torrent = await follow.range_torrent(self.name, offset, length, self.size, strict)
         download = await self.swarm.download_range(torrent, path, follow.swarm_peers())
         self._downloads[i] = download
+        if i not in self._mine:  # offered as it comes: a node deaf to its puller joins here
+            self._show(i, RangeOffer(offset, length, 0, info_hash(torrent), None, torrent,
+                                     held=True))  # fmt: skip
         await download.wait_range(offset, offset + length)
         self._delivered.add(follow.node)
         self.reads.from_peers(self.name, length)

@@ -92,10 +92,11 @@ def owner(
 class RangeOffer:
     """One range of a file in a manifest: its bytes ``[offset, offset + length)``, the
     bytes its puller has read of it (``done``), and its range torrent's info hash once
-    written and seeded. ``held``: the node did not pull it, it downloaded it whole from
-    a peer and offers it too (ranged.py: a node that gave up the range's puller finds it
-    there). ``torrent`` (the full torrent, seeded here) and ``served`` (what a peer
-    fetches by the info hash: range_torrents.py's ``served``) are this node's only."""
+    written and seeded. ``held``: the node did not pull it, it downloads it from a peer
+    (``done`` of it here: 0 until it is whole) and offers it too, its pieces as they
+    come (ranged.py: a node that gave up the range's puller finds it there).
+    ``torrent`` (the full torrent, seeded here) and ``served`` (what a peer fetches by
+    the info hash: range_torrents.py's ``served``) are this node's only."""
 
     offset: int
     length: int
@@ -125,7 +126,7 @@ def parse_ranges(raw: object, size: int, what: str) -> tuple[RangeOffer, ...]:
     """A peer's ranges of a file of ``size`` bytes (``what`` names it), checked: a list
     of at most ``MAX_RANGES`` objects, each inside the file, not empty, done within
     its length, a v2 info hash or null, ``held`` (if there) true or false and only with
-    an info hash and all of it done; no two overlapping.
+    an info hash; no two overlapping.
 
     Raises:
         ValueError: any of that does not hold, saying which.
@@ -150,8 +151,8 @@ def parse_ranges(raw: object, size: int, what: str) -> tuple[RangeOffer, ...]:
         held = item.get("held", False)
         if not isinstance(held, bool):
             raise ValueError(f"{at}.held is not true or false")
-        if held and (digest is None or done != length):
-            raise ValueError(f"{at} is held without its info hash, or not whole")
+        if held and digest is None:
+            raise ValueError(f"{at} is held without its info hash")
         found.append(RangeOffer(offset, length, done, digest, held=held))
     _disjoint(found, what)
     return tuple(found)
