@@ -345,8 +345,10 @@ def test_a_one_file_model_comes_through_every_node_s_origin_link(
         sent = http_server.bytes_sent
         print(f"{count} nodes, {size} bytes: origin sent {sent}, per node {pulled}")
         assert all(p > 0 for p in pulled), pulled
-        assert http_server.bytes_sent <= 1.02 * size, (http_server.bytes_sent, size)
-        assert sum(pulled) <= 1.02 * size
+        assert sum(pulled) == size, (pulled, size)  # each byte read once
+        # Each node opens the file with its first byte only: its probe's 256 KiB (the
+        # header, which a puller of another range never reads) were sent to every node.
+        assert sent <= size + count * 4096, (sent, size)
         want = file.read_bytes()
         for record in records:
             assert _data(record) == want

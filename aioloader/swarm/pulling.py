@@ -30,6 +30,7 @@ from ..runtime.tasks import gather
 from ..runtime.threads import run_blocking
 from ..sources.base import Blob, Current, Source
 from ..sources.digests import Running
+from ..sources.opening import lean
 from .counts import Reads
 
 __all__ = ["CHUNK", "READS", "OriginFile", "pull", "sized", "whole_digest"]
@@ -63,7 +64,8 @@ class OriginFile(Blob):
         """The origin's blob, opened once; ObjectChangedError where it changed."""
         async with self._opening:
             if self._blob is None:
-                blob = await self.origin.open(self.url)
+                with lean():  # its probe's bytes: a range far from them is read here
+                    blob = await self.origin.open(self.url)
                 if Current(blob.size, blob.etag, blob.last_modified) != self.current:
                     await blob.aclose()
                     raise ObjectChangedError(

@@ -18,6 +18,7 @@ from typing import NamedTuple
 from urllib.parse import urljoin, urlparse, urlsplit
 
 from ...errors import AccessDeniedError, ConfigError, NotFoundError, ObjectChangedError, SourceError
+from ..opening import PROBE_SIZE
 from .retry import RetryableError
 
 __all__ = [
@@ -44,9 +45,6 @@ __all__ = [
     "too_many_redirects",
 ]
 
-# The first request to a file asks for this much: the size, the version and
-# (nearly always) the whole safetensors header arrive in one round trip.
-PROBE_SIZE = 256 * 1024
 MAX_REDIRECTS = 10
 # The most bytes read into a new ``bytes`` at once: headers (at most 100 MB) and index
 # files are far smaller; only a server lying about a size asks for more.
@@ -203,8 +201,11 @@ def check_encoding(url: str, headers: Mapping[str, str]) -> None:
         )
 
 
-def size_of(url: str, status: int, headers: Mapping[str, str]) -> tuple[int, bool]:
-    """The file size from the answer to the probe, and whether the server honours Range.
+def size_of(
+    url: str, status: int, headers: Mapping[str, str], probe: int = PROBE_SIZE
+) -> tuple[int, bool]:
+    """The file size from the answer to the probe (of the first ``probe`` bytes), and
+    whether the server honours Range (a file the probe reads whole needs no Range).
 
     Raises:
         SourceError: the answer does not give the size.
@@ -221,7 +222,7 @@ def size_of(url: str, status: int, headers: Mapping[str, str]) -> tuple[int, boo
             "size is unknown; serve it from a regular file server"
         )
     size = int(length)
-    return size, size <= PROBE_SIZE
+    return size, size <= probe
 
 
 def check_url(asked: str, url: str) -> None:

@@ -2,8 +2,9 @@
 
 Opening a file is one probe: a range GET of its first ``PROBE_SIZE`` bytes gives
 its size, its version and (nearly always) the whole safetensors header in one
-round trip. A server that ignores ``Range`` is detected there, and the file is
-read as one sequential stream, with a warning.
+round trip (its first byte only, inside ``opening.lean()``). A server that ignores
+``Range`` is detected there, and the file is read as one sequential stream, with a
+warning.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from ...runtime.pace import take
 from ...runtime.threads import Lanes
 from ...runtime.throttle import LimiterStatistics
 from ...settings.values import HttpOptions
+from ..opening import probe_size
 from .blob import HttpBlob
 from .retry import Retrier, RetryableError
-from .rules import PROBE_SIZE, check_encoding, size_of, strong_etag
+from .rules import check_encoding, size_of, strong_etag
 from .signer import Signer
 from .transport import HttpTransport, retryable, transport_errors
 
@@ -59,12 +61,13 @@ class HttpStore:
             ReadError: every attempt failed.
             SourceError: the file cannot be read (missing, denied, size unknown, ...).
         """
-        return await self.retrier.run(url, 0, PROBE_SIZE, lambda: self._probe(url, fetch_url))
+        probe = probe_size()
+        return await self.retrier.run(url, 0, probe, lambda: self._probe(url, fetch_url, probe))
 
-    async def _probe(self, url: str, fetch_url: str) -> HttpBlob:
+    async def _probe(self, url: str, fetch_url: str, probe: int) -> HttpBlob:
         transport = self.transport
-        headers = {"Range": f"bytes=0-{PROBE_SIZE - 1}"}
-        await take(PROBE_SIZE)  # a paced fetch's probes count too (pace.py)
+        headers = {"Range": f"bytes=0-{probe - 1}"}
+        await take(probe)  # a paced fetch's probes count too (pace.py)
         try:
             response = await transport.get(url, fetch_url, headers)
             async with response:
@@ -75,8 +78,8 @@ class HttpStore:
                     )
                 await transport.check_status(url, response, None)
                 check_encoding(url, response.headers)
-                size, ranged = size_of(url, response.status, response.headers)
-                expected = min(size, PROBE_SIZE)
+                size, ranged = size_of(url, response.status, response.headers, probe)
+                expected = min(size, probe)
                 head = await response.content.read(expected) if expected else b""
                 while len(head) < expected:
                     more = await response.content.read(expected - len(head))
