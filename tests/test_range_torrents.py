@@ -118,6 +118,12 @@ async def test_a_range_lands_at_its_offset_and_nothing_else_of_the_file_moves(
     assert got[offset + length :] == before[offset + length :]
     assert source.read_bytes() == seeded  # the seeder's file: as it was
     assert download.bytes_from_peers >= length
+
+    async def counted() -> bool:  # libtorrent counts bytes sent once a second
+        return (await seeder.refresh()).uploaded[info_hash(torrent)] >= length
+
+    await _until(counted, 5)
+    await asyncio.sleep(1.5)  # and no more after the next count
     stats = await seeder.refresh()
     assert length <= stats.uploaded[info_hash(torrent)] < length + P  # the range, once
     await download.aclose()
@@ -287,6 +293,7 @@ async def test_followers_of_one_seeder_trade_the_range(tmp_path: Path, swarms: l
     async with asyncio.timeout(60):
         for _, download in downloads:
             await download.wait_range(offset, offset + length)
+    await asyncio.sleep(1.5)  # libtorrent counts bytes sent once a second
     sent = (await seeder.refresh()).uploaded[key]
     traded = [(await f.refresh()).uploaded[key] for f in followers]
     print(f"seeder sent {sent}, followers {traded}, range {length}")

@@ -9,6 +9,7 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -311,6 +312,26 @@ def _fleet(tmp_path: Path, first: int, count: int, *args: str) -> list[Node]:
     return nodes
 
 
+def _fetched(nodes: list[Node], url: str, seconds: float) -> list[dict[str, object]]:
+    """Start ``nodes``, ask each for the model at ``url``; each one's record once ready
+    (the caller stops them: ``_stopping``)."""
+    for node in nodes:
+        node.start()
+    for node in nodes:
+        status, body = node.post({"url": url, "id": "m"})
+        assert status in (200, 202), (status, body)
+    return [node.wait_status("m", "ready", seconds) for node in nodes]
+
+
+@contextlib.contextmanager
+def _stopping(nodes: list[Node]) -> Iterator[list[Node]]:
+    try:
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
 def _read_unpublished(node: Node, key: str) -> int | None:
     """The bytes ``node`` read of its ranges not yet published, as its manifest says
     (None: it lists none)."""
@@ -334,13 +355,8 @@ def test_a_one_file_model_comes_through_every_node_s_origin_link(
     url = http_server.url_for("m/w.safetensors")
     size = file.stat().st_size
     nodes = _fleet(tmp_path, 141 + 10 * (count - 3), count)
-    try:
-        for node in nodes:
-            node.start()
-        for node in nodes:
-            status, body = node.post({"url": url, "id": "m"})
-            assert status in (200, 202), (status, body)
-        records = [node.wait_status("m", "ready", 120) for node in nodes]
+    with _stopping(nodes):
+        records = _fetched(nodes, url, 120)
         pulled = [int(str(r["bytes_from_origin"])) for r in records]
         sent = http_server.bytes_sent
         print(f"{count} nodes, {size} bytes: origin sent {sent}, per node {pulled}")
@@ -352,9 +368,6 @@ def test_a_one_file_model_comes_through_every_node_s_origin_link(
         want = file.read_bytes()
         for record in records:
             assert _data(record) == want
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def test_pullers_behind_a_slow_origin_are_seen_moving_and_followed(
@@ -370,13 +383,8 @@ def test_pullers_behind_a_slow_origin_are_seen_moving_and_followed(
     size = file.stat().st_size
     http_server.pace("m/w.safetensors", MiB, count=10_000)
     nodes = _fleet(tmp_path, 234, 3, "--swarm-stall", "5")
-    try:
-        for node in nodes:
-            node.start()
-        for node in nodes:
-            status, body = node.post({"url": url, "id": "m"})
-            assert status in (200, 202), (status, body)
-        records = [node.wait_status("m", "ready", 180) for node in nodes]
+    with _stopping(nodes):
+        records = _fetched(nodes, url, 180)
         sent = http_server.bytes_sent
         logs = [node.log.read_text() for node in nodes]
         print(f"paced origin: sent {sent} of {size}")
@@ -385,9 +393,6 @@ def test_pullers_behind_a_slow_origin_are_seen_moving_and_followed(
         want = file.read_bytes()
         for record in records:
             assert _data(record) == want
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def test_a_read_is_sized_to_show_progress_every_two_seconds() -> None:
@@ -518,26 +523,20 @@ def test_a_peer_lying_about_a_range_is_left_and_the_others_finish(
     for node in nodes:
         node.args[node.args.index("--peers") + 1] += f",{liar.address}"
     try:
-        for node in nodes:
-            node.start()
-        for node in nodes:
-            status, body = node.post({"url": url, "id": "m"})
-            assert status in (200, 202), (status, body)
-        records = [node.wait_status("m", "ready", 120) for node in nodes]
-        sent = http_server.bytes_sent
-        print(f"{lie}: origin sent {sent} of {size}")
-        assert sent <= 1.05 * size, (sent, size)
-        want = file.read_bytes()
-        for record in records:
-            assert _data(record) == want
-        logs = "".join(node.output() for node in nodes)
-        said = {"overlap": "ranges overlap", "outside": "length is not an integer",
-                "another size": "not that range of",
-                "held, another size": "not that range of"}[lie]  # fmt: skip
-        assert said in logs, logs[-4000:]
+        with _stopping(nodes):
+            records = _fetched(nodes, url, 120)
+            sent = http_server.bytes_sent
+            print(f"{lie}: origin sent {sent} of {size}")
+            assert sent <= 1.05 * size, (sent, size)
+            want = file.read_bytes()
+            for record in records:
+                assert _data(record) == want
+            logs = "".join(node.output() for node in nodes)
+            said = {"overlap": "ranges overlap", "outside": "length is not an integer",
+                    "another size": "not that range of",
+                    "held, another size": "not that range of"}[lie]  # fmt: skip
+            assert said in logs, logs[-4000:]
     finally:
-        for node in nodes:
-            node.stop()
         liar.close()
 
 
@@ -595,18 +594,10 @@ def test_the_ranges_keep_to_the_cluster_s_cap_on_requests_in_flight(
     url = http_server.url_for("m/w.safetensors")
     size = file.stat().st_size
     nodes = _fleet(tmp_path, 211, 3, "--swarm-origin-requests", "3")
-    try:
-        for node in nodes:
-            node.start()
-        for node in nodes:
-            status, body = node.post({"url": url, "id": "m"})
-            assert status in (200, 202), (status, body)
-        records = [node.wait_status("m", "ready", 120) for node in nodes]
+    with _stopping(nodes):
+        records = _fetched(nodes, url, 120)
         assert http_server.max_concurrent <= 3, http_server.max_concurrent
         assert http_server.bytes_sent <= 1.02 * size
         want = file.read_bytes()
         for record in records:
             assert _data(record) == want
-    finally:
-        for node in nodes:
-            node.stop()

@@ -12,10 +12,20 @@ the torrent carries no error, and the pieces whose writes failed still count as 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..redact import redacting_logger
-from .libtorrent_types import FileErrorAlert, Session, TorrentAlert, TorrentHandle
+from .libtorrent_types import (
+    Alert,
+    FileErrorAlert,
+    Libtorrent,
+    Session,
+    TorrentAlert,
+    TorrentHandle,
+    TorrentStatus,
+)
 from .torrents import libtorrent
 
 __all__ = ["Alerts", "SwarmStatistics", "TorrentCounts", "local_error", "read"]
@@ -23,6 +33,7 @@ __all__ = ["Alerts", "SwarmStatistics", "TorrentCounts", "local_error", "read"]
 logger = redacting_logger(__name__)
 
 _ERRNO_CATEGORIES = ("system", "generic")  # error codes whose values are errno's
+_UPDATE_WAIT = 0.5  # seconds a read waits for libtorrent's statuses at most
 
 
 @dataclass(frozen=True)
@@ -66,12 +77,67 @@ class Alerts:
     failed: dict[str, OSError] = field(default_factory=dict)  # info hash -> its file's error
 
 
-def read(session: Session, handles: list[tuple[str, TorrentHandle]]) -> Alerts:
-    """Pop the session's alerts; the counts of ``handles`` (info hash, handle) after them."""
+def read(
+    session: Session,
+    handles: list[tuple[str, TorrentHandle]],
+    known: Mapping[str, TorrentCounts],
+) -> Alerts:
+    """Pop the session's alerts; the counts of ``handles`` (info hash, handle) after them.
+
+    The counts come from one ``post_torrent_updates``, answered by libtorrent with the
+    status of every torrent that changed since the last (``state_update_alert``); a
+    torrent it leaves out keeps its counts in ``known`` (the last read's), and one not
+    known yet is asked for its own. Asking every handle for its status cost 1 to 2.5 ms
+    of CPU a read at 62 torrents (a node of 32 following a one-file model), 4 reads a
+    second on each of 32 daemons on two vCPUs; one post costs 0.05 ms. Where libtorrent
+    does not answer within ``_UPDATE_WAIT``, every handle is asked as before."""
     lt = libtorrent()
     found = Alerts({})
-    for alert in session.pop_alerts():
-        if isinstance(alert, lt.file_error_alert):
+    updated: dict[str, TorrentStatus] = {}
+    _take(lt, session.pop_alerts(), found, updated)  # posted before this read: older
+    updated.clear()
+    session.post_torrent_updates(lt.status_flags_t.query_pieces)
+    deadline = time.monotonic() + _UPDATE_WAIT
+    answered = False
+    while not answered:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        session.wait_for_alert(max(1, int(left * 1000)))
+        answered = _take(lt, session.pop_alerts(), found, updated)
+    for key, handle in handles:
+        status = updated.get(key)
+        if status is None and answered and key in known:
+            found.counts[key] = known[key]
+            continue
+        if status is None:
+            status = handle.status(handle.query_pieces)
+        found.counts[key] = TorrentCounts(
+            int(status.total_payload_download),
+            int(status.total_payload_upload),
+            int(status.download_payload_rate),
+            int(status.upload_payload_rate),
+            int(status.num_peers),
+            int(status.total_wanted_done),
+            int(status.total_wanted),
+            tuple(status.pieces),
+            status.errc.message() if status.errc.value() else "",
+        )
+    return found
+
+
+def _take(
+    lt: Libtorrent, popped: list[Alert], found: Alerts, updated: dict[str, TorrentStatus]
+) -> bool:
+    """Take ``popped`` into ``found`` (the statuses of a ``state_update_alert`` into
+    ``updated``); whether one was among them."""
+    answered = False
+    for alert in popped:
+        if isinstance(alert, lt.state_update_alert):
+            answered = True
+            for status in alert.status:
+                updated[str(status.info_hashes.v2)] = status
+        elif isinstance(alert, lt.file_error_alert):
             found.failed.setdefault(key_of(alert), local_error(alert))
         elif isinstance(alert, lt.peer_ban_alert):
             found.banned += 1
@@ -85,20 +151,7 @@ def read(session: Session, handles: list[tuple[str, TorrentHandle]]) -> Alerts:
             found.flushed.add(key_of(alert))
         elif alert.category() & lt.alert_category.error:
             logger.warning("swarm: %s", alert.message())
-    for key, handle in handles:
-        status = handle.status(handle.query_pieces)
-        found.counts[key] = TorrentCounts(
-            int(status.total_payload_download),
-            int(status.total_payload_upload),
-            int(status.download_payload_rate),
-            int(status.upload_payload_rate),
-            int(status.num_peers),
-            int(status.total_wanted_done),
-            int(status.total_wanted),
-            tuple(status.pieces),
-            status.errc.message() if status.errc.value() else "",
-        )
-    return found
+    return answered
 
 
 def local_error(alert: FileErrorAlert) -> OSError:

@@ -28,6 +28,8 @@ __all__ = [
     "ListenAlert",
     "Session",
     "SocketTypes",
+    "StateUpdateAlert",
+    "StatusFlags",
     "TorrentAlert",
     "TorrentFlags",
     "TorrentHandle",
@@ -94,7 +96,10 @@ class ErrorCode(Protocol):
 
 
 class TorrentStatus(Protocol):
-    """A torrent's status (``torrent_handle.status``)."""
+    """A torrent's status (``torrent_handle.status``, ``state_update_alert.status``)."""
+
+    @property
+    def info_hashes(self) -> InfoHashes: ...
 
     @property
     def num_peers(self) -> int: ...
@@ -172,6 +177,13 @@ class FileErrorAlert(TorrentAlert, Protocol):
     def filename(self) -> str: ...
 
 
+class StateUpdateAlert(Alert, Protocol):
+    """``state_update_alert``: the statuses ``post_torrent_updates`` asked for."""
+
+    @property
+    def status(self) -> list[TorrentStatus]: ...
+
+
 class ListenAlert(Alert, Protocol):
     """``listen_succeeded_alert`` and ``listen_failed_alert``."""
 
@@ -205,6 +217,8 @@ class Session(Protocol):
     def add_extension(self, name: str) -> None: ...
 
     def wait_for_alert(self, milliseconds: int) -> object: ...
+
+    def post_torrent_updates(self, flags: int) -> None: ...
 
     def pop_alerts(self) -> list[Alert]: ...
 
@@ -280,6 +294,13 @@ class AlertCategory(Protocol):
     def storage(self) -> int: ...
 
 
+class StatusFlags(Protocol):
+    """The ``status_flags_t`` values: what a status read fills in."""
+
+    @property
+    def query_pieces(self) -> int: ...
+
+
 class SocketTypes(Protocol):
     """The ``socket_type_t`` values a listening socket may have."""
 
@@ -325,6 +346,12 @@ class Libtorrent(Protocol):
 
     @property
     def file_error_alert(self) -> type[FileErrorAlert]: ...
+
+    @property
+    def state_update_alert(self) -> type[StateUpdateAlert]: ...
+
+    @property
+    def status_flags_t(self) -> StatusFlags: ...
 
     def session(self, settings: Settings, flags: int) -> Session: ...
 

@@ -326,8 +326,8 @@ class Swarm:
         await asyncio.sleep(max(0.0, self._read_at + READ_GAP - now()))  # (shared: Shared)
         self._read_at = now()
         session = self._open_session()
-        handles = list(self._handles.items())
-        found = await run_blocking(self.lane, lambda: alerts.read(session, handles))
+        handles, known = list(self._handles.items()), self._counts
+        found = await run_blocking(self.lane, lambda: alerts.read(session, handles, known))
         self._counts = found.counts
         self._banned += found.banned
         self._blocked += found.blocked
