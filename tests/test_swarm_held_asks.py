@@ -11,6 +11,7 @@ started (nothing here trades pieces)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -32,6 +33,7 @@ from aioloader.swarm.manifest import FileOffer, Manifest, model_key
 from aioloader.swarm.proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof
 from aioloader.swarm.session import Swarm
 
+from .counted_lane import CountedLane
 from .fleet import TOKEN
 
 URL = "http://origin.test/m/model.safetensors"
@@ -361,3 +363,86 @@ def test_a_daemon_stopping_answers_the_asks_it_holds(tmp_path: Path) -> None:
             took = time.monotonic() - started
             assert held.result(timeout=5)[0] == 304
             assert took < 3.0, f"the daemon took {took:.1f} s to stop with an ask held"
+
+
+# -- what an ask costs the loop: calls into a lane ---------------------------------------
+
+
+async def test_a_node_holding_nothing_whole_answers_asks_without_a_lane_call(
+    holder: Holder,
+) -> None:
+    """Each answer first looks for seeded files gone from the cache, a call into a lane
+    of stat calls; a node that seeds no whole file (all of a cold start) has none to
+    look at. At 32 nodes, 16 answers a second each, that call was the loop's second
+    costliest line in a profile."""
+    node = holder.coordinator
+    counted, kept = CountedLane("held", 1), node._looks
+    node._looks = counted
+    try:
+        async with aiohttp.ClientSession() as session:
+            for done in range(10):
+                holder.move(done)
+                status, _, _, _ = await holder.get(session)
+                assert status == 200
+        assert counted.calls == 0
+    finally:
+        node._looks = kept
+        counted.close()
+
+
+def _manifest_of(files: int) -> Manifest:
+    offers = tuple(
+        FileOffer(f"m/shard-{i:05d}.safetensors", f"{URL}.{i}", 1 << 20, done=i)
+        for i in range(files)
+    )
+    return Manifest(KEY, URL, HOLDER, "127.0.0.9:6881", state="fetching", files=offers)
+
+
+@pytest.mark.parametrize("files", [1, 400])
+async def test_an_answer_is_parsed_on_the_loop_when_small_in_the_lane_when_large(
+    holder: Holder, asker: Coordinator, files: int
+) -> None:
+    """A manifest of 32 ranges is 6 KiB and parses in 0.13 ms: its lane call cost the
+    loop more than the parse (16 answers a second per node at 32 nodes). One of up to
+    64 MiB is still decoded and parsed in the lane, off the loop."""
+    holder.coordinator.manifests[KEY] = _manifest_of(files)
+    counted, kept = CountedLane("swarm", 1), asker._asker.lane  # type: ignore[union-attr]
+    asker._asker.lane = counted  # type: ignore[union-attr]
+    try:
+        answer = await asker.ask(holder.api, KEY)
+        assert answer is not None and answer.manifest == holder.coordinator.manifests[KEY]
+        assert len(answer.manifest.files) == files
+        large = files > 1
+        assert counted.calls == (1 if large else 0)
+    finally:
+        asker._asker.lane = kept  # type: ignore[union-attr]
+        counted.close()
+
+
+async def test_a_request_sent_again_is_refused_and_said_not_warned_of(
+    holder: Holder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp sends a GET again, as it was, when a kept-alive connection drops before
+    its answer, and the asker signs it anew: each cold start of 32 nodes logged 35-70
+    warnings of "replays a request already answered", none of them anybody's fault. A
+    stranger's proof is still warned of."""
+    proof = PeerProof(TOKEN)
+    header, _ = proof.sign_request("GET", holder.path, ASKER, "127.0.0.77:6881")
+    url = f"http://{holder.api}{holder.path}"
+    caplog.set_level(logging.INFO, logger="aioloader.swarm.answering")
+    async with aiohttp.ClientSession() as session:
+        statuses = []
+        for _ in range(2):
+            async with session.get(url, headers={REQUEST_HEADER: header}) as response:
+                statuses.append(response.status)
+        stranger, _ = PeerProof("another cluster's token").sign_request(
+            "GET", holder.path, ASKER, "127.0.0.77:6881"
+        )
+        async with session.get(url, headers={REQUEST_HEADER: stranger}) as response:
+            statuses.append(response.status)
+    assert statuses == [200, 401, 401]
+    refused = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert [(r.levelno, "replays" in r.getMessage()) for r in refused] == [
+        (logging.INFO, True),
+        (logging.WARNING, False),
+    ]

@@ -288,7 +288,7 @@ async def test_a_range_is_handed_out_before_the_whole_file_came(
 
 
 def test_shares_tile_the_pieces_and_put_their_own_first() -> None:
-    from aioloader.swarm.session import _share
+    from aioloader.swarm.deal import share_first as _share
 
     for pieces, n in [(1, 1), (10, 3), (513, 7), (3, 8)]:
         firsts = [[p for p, v in enumerate(_share(pieces, i, n)) if v == 7] for i in range(n)]

@@ -14,6 +14,7 @@ the resolved peers only.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import time
 from collections import OrderedDict
@@ -34,6 +35,7 @@ REFRESH = 30.0
 _LEARNED_FOR = 24 * 3600.0  # seconds a proven address stays admitted after it was last seen
 
 
+@functools.lru_cache(maxsize=1024)  # asked per request: a few hundred addresses in all
 def _ip(text: str | None) -> str | None:
     """The IP address of ``ip:port``, ``[ip]:port`` or a bare address; None if none (or
     an unspecified address, 0.0.0.0 or ::)."""

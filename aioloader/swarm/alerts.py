@@ -13,7 +13,7 @@ the torrent carries no error, and the pieces whose writes failed still count as 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..redact import redacting_logger
@@ -81,8 +81,11 @@ def read(
     session: Session,
     handles: list[tuple[str, TorrentHandle]],
     known: Mapping[str, TorrentCounts],
+    dials: Iterable[Callable[[], object]] = (),
 ) -> Alerts:
     """Pop the session's alerts; the counts of ``handles`` (info hash, handle) after them.
+    First, ``dials``: downloads' redials of their peers (download.py), made here rather
+    than in lane calls of their own (a handle taken out meanwhile refuses: suppressed).
 
     The counts come from one ``post_torrent_updates``, answered by libtorrent with the
     status of every torrent that changed since the last (``state_update_alert``); a
@@ -91,6 +94,8 @@ def read(
     of CPU a read at 62 torrents (a node of 32 following a one-file model), 4 reads a
     second on each of 32 daemons on two vCPUs; one post costs 0.05 ms. Where libtorrent
     does not answer within ``_UPDATE_WAIT``, every handle is asked as before."""
+    for dial in dials:
+        dial()
     lt = libtorrent()
     found = Alerts({})
     updated: dict[str, TorrentStatus] = {}

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -46,7 +47,7 @@ from aiohttp import web
 from ..redact import redacting_logger
 from .changes import MAX_HOLD
 from .manifest import Manifest
-from .proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof, ProofError
+from .proof import ANSWER_HEADER, REQUEST_HEADER, PeerProof, ProofError, ReplayedRequest
 from .view import ClusterView
 
 if TYPE_CHECKING:
@@ -153,7 +154,10 @@ def add_swarm_routes(
                 try:
                     signed = proof.check_request(header, request.method, request.path_qs)
                 except ProofError as exc:
-                    logger.warning("swarm request from %s refused: %s", request.remote, exc)
+                    # A resend of a request answered already is a client's, as a rule
+                    # (35-70 a cold start of 32 nodes): said, not warned of.
+                    level = logging.INFO if isinstance(exc, ReplayedRequest) else logging.WARNING
+                    logger.log(level, "swarm request from %s refused: %s", request.remote, exc)
                     detail = (
                         f"{exc}; peers prove they share the cluster's token (the same "
                         "AIOLOADER_TOKEN on every node, clocks in sync)"

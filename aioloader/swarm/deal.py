@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from .asking import Answer
 from .rendezvous import ranked
 
-__all__ = ["Deal", "Lead", "deal", "published", "share_of"]
+__all__ = ["Deal", "Lead", "deal", "published", "share_first", "share_of"]
 
 
 @dataclass(frozen=True)
@@ -234,3 +234,9 @@ def share_of(node: str, nodes: list[str], followed: str) -> tuple[int, int]:
     the shares need not tile exactly)."""
     followers = sorted(set(nodes) - {followed} | {node})
     return followers.index(node), len(followers)
+
+
+def share_first(pieces: int, i: int, n: int) -> list[int]:
+    """Piece priorities that put share ``i`` of ``n`` first (7: the top; 4: the default)."""
+    first, last = i * pieces // n, (i + 1) * pieces // n
+    return [7 if first <= p < last else 4 for p in range(pieces)]

@@ -36,6 +36,7 @@ __all__ = [
     "SKEW",
     "PeerProof",
     "ProofError",
+    "ReplayedRequest",
     "SignedRequest",
 ]
 
@@ -51,6 +52,12 @@ _FIELD = re.compile(r"^[0-9A-Za-z.:\[\]_-]{1,80}$")
 
 class ProofError(ValueError):
     """A request or answer that does not prove its sender holds the secret."""
+
+
+class ReplayedRequest(ProofError):
+    """A request proven, but whose nonce was answered already: aiohttp sends a GET again,
+    as it was, when a kept-alive connection drops before its answer (the asker signs it
+    anew: asking.py); or somebody replays one seen on the wire."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +157,7 @@ class PeerProof:
             )
         self._forget(now)
         if nonce in self._seen:
-            raise ProofError("it replays a request already answered")
+            raise ReplayedRequest("it replays a request already answered")
         self._seen[nonce] = now
         return SignedRequest(node, swarm, nonce)
 

@@ -26,6 +26,7 @@ from ..runtime.tasks import Shared
 from ..runtime.threads import Lane, run_blocking
 from . import alerts
 from .alerts import SwarmStatistics
+from .deal import share_first
 from .download import Download, SwarmError, SwarmStalled
 from .libtorrent_types import AddTorrentParams, Session, TorrentHandle
 from .range_torrents import add_params
@@ -66,6 +67,7 @@ class Swarm:
         self._banned = self._blocked = self._failures = 0
         self._allowed: list[str] = []
         self._reads = Shared(self._read_alerts)  # refresh() and the pump share reads
+        self._dials: list[Callable[[], object]] = []  # made in the lane with the next read
         self._read_at = float("-inf")  # when the last read began (loop time)
         self.flushes: set[str] = set()  # info hashes whose writes libtorrent flushed
         self.arrived = 0.0  # monotonic time a block of a download last arrived (download.py)
@@ -247,13 +249,13 @@ class Swarm:
             name = None if into is None else path.name
             handle = self._add(session, old, torrent, path.parent, name, False)
             if share is not None:
-                handle.prioritize_pieces(_share(handle.torrent_file().num_pieces(), *share))
+                handle.prioritize_pieces(share_first(handle.torrent_file().num_pieces(), *share))
             return handle
 
         handle = await self._added(torrent, add)
         download = Download(self, handle, torrent, path)
         download.connect(peers)
-        await run_blocking(self.lane, download._connect)  # connects now
+        await download.dial()  # connects now
         return download
 
     async def seed_range(self, torrent: bytes, path: Path) -> None:
@@ -290,7 +292,7 @@ class Swarm:
         handle = await self._added(torrent, lambda old: self._put(session, old, torrent, params))
         download = Download(self, handle, torrent, into)
         download.connect(peers)
-        await run_blocking(self.lane, download._connect)  # connects now
+        await download.dial()  # connects now
         return download
 
     def seeding(self, key: str) -> bool:
@@ -327,7 +329,8 @@ class Swarm:
         self._read_at = now()
         session = self._open_session()
         handles, known = list(self._handles.items()), self._counts
-        found = await run_blocking(self.lane, lambda: alerts.read(session, handles, known))
+        dials, self._dials = self._dials, []
+        found = await run_blocking(self.lane, lambda: alerts.read(session, handles, known, dials))
         self._counts = found.counts
         self._banned += found.banned
         self._blocked += found.blocked
@@ -337,6 +340,10 @@ class Swarm:
             if key in self._handles and key not in self.failed:
                 logger.error("swarm: torrent %s: its file failed on this node: %s", key[:12], error)
                 self.failed[key] = error
+
+    def dial(self, connect: Callable[[], object]) -> None:
+        """``connect`` called in the lane with the next read, 0.25 s away at most."""
+        self._dials.append(connect)
 
     async def _pumping(self) -> None:
         while True:
@@ -391,9 +398,3 @@ class Swarm:
                 await run_blocking(self.lane, stop)
         finally:
             self.lane.close()
-
-
-def _share(pieces: int, i: int, n: int) -> list[int]:
-    """Piece priorities that put share ``i`` of ``n`` first (7: the top; 4: the default)."""
-    first, last = i * pieces // n, (i + 1) * pieces // n
-    return [7 if first <= p < last else 4 for p in range(pieces)]
