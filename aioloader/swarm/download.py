@@ -68,7 +68,7 @@ class Host(Protocol):
     async def drop(self, key: str, handle: TorrentHandle) -> None:
         """Take the torrent ``key`` out, if ``handle`` is still the one held for it."""
 
-    def dial(self, connect: Callable[[], object]) -> None:
+    def redial(self, connect: Callable[[], object]) -> None:
         """Have ``connect`` called in the lane with the next read of the alerts."""
 
 
@@ -146,7 +146,7 @@ class Download:
                 # of a node of 32 each crossing to the lane every 2 s cost the loop more
                 # than the rest of what it did (each hop wakes a thread on busy CPUs).
                 self._connected = now
-                self.swarm.dial(self._connect)
+                self.swarm.redial(self._connect)
             self._check_writes()
             if status.error:
                 raise SwarmError(f"swarm download {self.info_hash[:12]} failed: {status.error}")

@@ -341,7 +341,7 @@ class Swarm:
                 logger.error("swarm: torrent %s: its file failed on this node: %s", key[:12], error)
                 self.failed[key] = error
 
-    def dial(self, connect: Callable[[], object]) -> None:
+    def redial(self, connect: Callable[[], object]) -> None:
         """``connect`` called in the lane with the next read, 0.25 s away at most."""
         self._dials.append(connect)
 
