@@ -13,7 +13,9 @@ request is on its way: by the time the body arrives, its pages are there. It doe
 a step at a time (``_STEP``), so the memory map the kernel holds meanwhile is free
 between steps for the rest of the process, the event loop's thread included.
 Where the call is not available it does nothing, and the loop faults pages in
-as before.
+as before. Each step is timed, and where fresh huge pages are slow to come (a VM
+whose host took free memory back), the memory after them goes into small pages
+(page_choice.py).
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ import ctypes
 import errno
 import mmap
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
+
+from .page_choice import PAGES, PageChoice
 
 __all__ = ["populate"]
 
 _MADV_POPULATE_WRITE = 23
+_MADV_NOHUGEPAGE = 15
 _libc: Any = None
 _works = sys.platform == "linux"
 # One madvise call faults in at most this much: the kernel holds the process's memory
@@ -46,8 +52,9 @@ def _madvise() -> Any:
     return _libc.madvise
 
 
-def populate(buffers: Sequence[memoryview]) -> None:
-    """Fault in the pages of ``buffers`` for writing, without changing their bytes (blocking)."""
+def populate(buffers: Sequence[memoryview], pages: PageChoice = PAGES) -> None:
+    """Fault in the pages of ``buffers`` for writing, without changing their bytes
+    (blocking); in huge or small pages as ``pages`` finds pays (page_choice.py)."""
     global _works
     if not _works:
         return
@@ -58,9 +65,25 @@ def populate(buffers: Sequence[memoryview]) -> None:
         address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
         start = address - address % mmap.PAGESIZE
         end = address + buffer.nbytes
+        huge = pages.start()
+        if not huge:
+            _small_pages(madvise, start, end)
         for at in range(start, end, _STEP):
-            if madvise(ctypes.c_void_p(at), min(_STEP, end - at), _MADV_POPULATE_WRITE):
+            size = min(_STEP, end - at)
+            began = time.thread_time()
+            if madvise(ctypes.c_void_p(at), size, _MADV_POPULATE_WRITE):
                 code = ctypes.get_errno()
                 if code in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
                     _works = False  # an older kernel, or memory it will not populate: leave it
                 return
+            if pages.record(size, time.thread_time() - began, huge) and huge:
+                huge = False
+                _small_pages(madvise, at + size, end)
+
+
+def _small_pages(madvise: Any, start: int, end: int) -> None:
+    """Mark the whole pages of ``[start, end)`` as not for huge pages (best effort: the
+    kernel may refuse, and the memory stays as it was made)."""
+    end -= end % mmap.PAGESIZE
+    if end > start:
+        madvise(ctypes.c_void_p(start), end - start, _MADV_NOHUGEPAGE)
