@@ -5,6 +5,7 @@ memory's mapping in ``/proc/self/smaps``, its bytes kept."""
 from __future__ import annotations
 
 import mmap
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -169,3 +170,22 @@ async def test_a_remote_load_follows_the_process_choice(
     big = max(got.values(), key=lambda t: t.nbytes)
     assert "nh" in _vm_flags(big.data_ptr() + big.nbytes // 2)
     assert small_pages_chosen.small
+
+
+@linux
+@pytest.mark.parametrize("warm", [True, False])
+async def test_a_local_load_follows_the_process_choice(
+    tmp_path: Path, small_pages_chosen: PageChoice, warm: bool
+) -> None:
+    path = write_file(tmp_path / "model.safetensors", random_tensors(big=6 << 20))
+    if not warm:  # out of the page cache: the cold lane's reads, O_DIRECT where allowed
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    got = await load_model(str(path), chunk_size="4MiB")
+    assert_matches_files(got, path)
+    big = max(got.values(), key=lambda t: t.nbytes)
+    assert "nh" in _vm_flags(big.data_ptr() + big.nbytes // 2)

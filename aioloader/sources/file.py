@@ -12,6 +12,8 @@ Each read goes one of two ways, chosen from what ``mincore`` says of its bytes
   sees a deep queue, with ``O_DIRECT`` where the file system allows it (direct_io.py).
 
 The pipeline's ``concurrency`` bounds how many reads are in flight either way.
+Either way the destination's fresh pages are faulted in first, 2 MiB at a time, in
+huge or small pages as the faults show pays here (runtime/page_choice.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..errors import (
     SourceError,
 )
 from ..runtime.direct_io import DIRECT_IO, fill, is_aligned, read_direct
+from ..runtime.prefault import populate
 from ..runtime.small_files import read_bytes as read_small_file
 from ..runtime.threads import Lanes, run_blocking
 from .base import Blob, Source
@@ -118,6 +121,7 @@ class FileBlob(Blob):
             not, or when that cannot be asked (the disk's pool is the safe side)."""
             if cache is None or not cache.mostly_holds(offset, max(0, min(total, size - offset))):
                 return False
+            populate(buffers)  # in huge or small pages, as pays here (page_choice.py)
             position = offset
             for buffer in buffers:
                 need = max(0, min(buffer.nbytes, size - position))
@@ -126,6 +130,7 @@ class FileBlob(Blob):
             return True
 
         def cold() -> None:
+            populate(buffers)
             position = offset
             for buffer in buffers:
                 _read_range(fd, direct, cache, buffer, position, size)
