@@ -5,8 +5,9 @@ tensors (a load into host memory) and the header bytes, each with an xxh3 digest
 its bytes taken as it arrived (in a thread). When the blob closes, a commit thread
 (sinks/commits.py, shared with the node cache) runs ``write_blob``: only a file read
 whole is written, chunk by chunk, each chunk copied once, into a temporary name in
-``blobs/``, and its digest is checked against the blob's id before the rename: the
-LFS sha256 the Hub publishes for a weight file, the git blob sha1 of a regular one.
+``blobs/`` (with ``O_DIRECT`` where the file system allows, as the node cache writes),
+and its digest is checked against the blob's id before the rename: the LFS sha256 the
+Hub publishes for a weight file, the git blob sha1 of a regular one.
 
 Where the load checked that digest itself as the bytes arrived (``Blob.checked``,
 sources/verifying.py), the blob is not hashed a second time: each range's copy is
@@ -22,6 +23,7 @@ copy, not the caller's memory, leaves no window for a change between check and w
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from typing import Any
 import xxhash
 
 from ...redact import redacting_logger
+from ...runtime.direct_io import DIRECT_IO, write_direct
 from ...sources.hf.hf_cache import HfCache, sweep_temporaries, temporary_name
 from ...sources.hf.snapshot import Snapshot
 
@@ -94,14 +97,54 @@ def write_blob(cache: HfCache, blob_id: str, size: int, kept: list[Kept], checke
     temporary = temporary_name(final)
     try:
         with open(temporary, "w+b", buffering=0) as out:  # read back where ranges overlap
-            if checked:
-                found = _write_known(out.fileno(), kept, blob_id, size)
-            else:
-                found = _write_hashed(out.fileno(), views, blob_id, size)
+            file = _File(out.fileno(), _open_direct(temporary))
+            try:
+                if checked:
+                    found = _write_known(file, kept, blob_id, size)
+                else:
+                    found = _write_hashed(file, views, blob_id, size)
+            finally:
+                file.close()
             os.fsync(out.fileno())
         return publish(cache, blob_id, temporary, found, _CHANGED)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _open_direct(path: Path) -> int | None:
+    """A second descriptor of ``path`` for ``O_DIRECT`` writes; None where the file system
+    refuses (tmpfs) or the platform has none."""
+    if not DIRECT_IO:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | os.O_DIRECT)
+    except OSError:
+        return None
+
+
+class _File:
+    """The temporary blob: page-aligned chunks go with ``O_DIRECT`` straight to the disk
+    (no page cache to fill, nothing left for ``fsync`` to write back: on our VMs 0.2 s per
+    512 MiB against 0.4-0.9 s buffered), the rest buffered; reads go through ``fd``."""
+
+    def __init__(self, fd: int, direct: int | None) -> None:
+        self.fd = fd
+        self.direct = direct
+
+    def write(self, data: memoryview, at: int) -> None:
+        done = 0 if self.direct is None else write_direct(self.direct, data, at)
+        while done < data.nbytes:
+            done += os.pwrite(self.fd, data[done:], at + done)
+
+    def close(self) -> None:
+        if self.direct is not None:
+            os.close(self.direct)
+            self.direct = None
+
+
+def _chunk_buffer() -> memoryview:
+    """A page-aligned buffer of ``CHUNK`` bytes, as ``O_DIRECT`` asks."""
+    return memoryview(mmap.mmap(-1, CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
 
 
 def _placed(offset: int, views: Sequence[memoryview]) -> list[tuple[int, memoryview]]:
@@ -112,16 +155,10 @@ def _placed(offset: int, views: Sequence[memoryview]) -> list[tuple[int, memoryv
     return out
 
 
-def _write_all(fd: int, data: memoryview, at: int) -> None:
-    done = 0
-    while done < data.nbytes:
-        done += os.pwrite(fd, data[done:], at + done)
-
-
-def _write_hashed(fd: int, views: list[memoryview], blob_id: str, size: int) -> str:
+def _write_hashed(file: _File, views: list[memoryview], blob_id: str, size: int) -> str:
     """Write ``views`` back to back, hashing the copy written; its digest."""
     digest = blob_digest(blob_id, size)
-    copy = memoryview(bytearray(CHUNK))
+    copy = _chunk_buffer()
     at = 0
     for view in views:
         for start in range(0, view.nbytes, CHUNK):
@@ -129,17 +166,18 @@ def _write_hashed(fd: int, views: list[memoryview], blob_id: str, size: int) -> 
             chunk = copy[: piece.nbytes]
             chunk[:] = piece  # the one copy: hashed and written, not the caller's bytes
             digest.update(chunk)
-            _write_all(fd, chunk, at)
+            file.write(chunk, at)
             at += chunk.nbytes
     return str(digest.hexdigest())
 
 
-def _write_known(fd: int, kept: list[Kept], blob_id: str, size: int) -> str:
+def _write_known(file: _File, kept: list[Kept], blob_id: str, size: int) -> str:
     """Write the ``kept`` ranges (in offset order, no gap), each range's copy checked
     against its arrival digest: ``blob_id`` when every one matches (the load checked
     those bytes), the digest of the file as written when two overlapping ranges
     differ, ``""`` (no blob's) when a range changed since it arrived."""
-    copy = memoryview(bytearray(CHUNK))
+    copy = _chunk_buffer()
+    fd = file.fd
     at = 0  # bytes written
     differ = False
     for offset, views, digest in kept:
@@ -157,7 +195,7 @@ def _write_known(fd: int, kept: list[Kept], blob_id: str, size: int) -> str:
                 if skip and not differ:  # bytes written already, from another range
                     differ = os.pread(fd, skip, position) != chunk[:skip]
                 if end > at:
-                    _write_all(fd, chunk[skip:], position + skip)
+                    file.write(chunk[skip:], position + skip)
                     at = end
                 position = end
         if check.hexdigest() != digest:
