@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from aioloader import load_model
 from aioloader.runtime import page_choice
@@ -189,3 +190,14 @@ async def test_a_local_load_follows_the_process_choice(
     assert_matches_files(got, path)
     big = max(got.values(), key=lambda t: t.nbytes)
     assert "nh" in _vm_flags(big.data_ptr() + big.nbytes // 2)
+
+
+async def test_a_local_load_of_small_tensors_faults_them_in_as_it_reads(tmp_path: Path) -> None:
+    """Buffers too small for a huge page are not populated, a system call each: they
+    hold no huge page to choose for, and small reads are many."""
+    tensors = {f"t{i}": torch.full((16 << 10,), float(i)) for i in range(16)}  # 64 KiB each
+    path = write_file(tmp_path / "model.safetensors", tensors)
+    before = page_choice.PAGES.counted
+    got = await load_model(str(path))
+    assert_matches_files(got, path)
+    assert page_choice.PAGES.counted == before

@@ -54,9 +54,15 @@ class PageChoice:
         self._huge_bytes = 0
         self._huge_seconds = 0.0
         self._small_bytes = 0
+        self._counted = 0
 
     def __repr__(self) -> str:
         return f"<PageChoice {'small' if self._small else 'huge'}>"
+
+    @property
+    def counted(self) -> int:
+        """Bytes faulted in through ``record`` so far."""
+        return self._counted
 
     @property
     def small(self) -> bool:
@@ -76,6 +82,7 @@ class PageChoice:
         """Count a step of ``nbytes`` faulted in ``seconds``, in huge pages when ``huge``;
         whether fresh memory should go into small pages from now on."""
         with self._lock:
+            self._counted += nbytes
             if not huge or self._small:
                 self._small_bytes += nbytes
                 return self._small

@@ -34,6 +34,7 @@ from ..errors import (
     SourceError,
 )
 from ..runtime.direct_io import DIRECT_IO, fill, is_aligned, read_direct
+from ..runtime.page_choice import HUGE
 from ..runtime.prefault import populate
 from ..runtime.small_files import read_bytes as read_small_file
 from ..runtime.threads import Lanes, run_blocking
@@ -121,7 +122,7 @@ class FileBlob(Blob):
             not, or when that cannot be asked (the disk's pool is the safe side)."""
             if cache is None or not cache.mostly_holds(offset, max(0, min(total, size - offset))):
                 return False
-            populate(buffers)  # in huge or small pages, as pays here (page_choice.py)
+            _fault_in(buffers)
             position = offset
             for buffer in buffers:
                 need = max(0, min(buffer.nbytes, size - position))
@@ -130,7 +131,7 @@ class FileBlob(Blob):
             return True
 
         def cold() -> None:
-            populate(buffers)
+            _fault_in(buffers)
             position = offset
             for buffer in buffers:
                 _read_range(fd, direct, cache, buffer, position, size)
@@ -179,6 +180,15 @@ class FileBlob(Blob):
         if fd is not None:
             _close_all((fd, self._direct_fd, self._cache, self._stamp))
             self._direct_fd = self._cache = None
+
+
+def _fault_in(buffers: Sequence[memoryview]) -> None:
+    """Fault in the buffers that can hold a huge page, in huge or small pages as pays
+    here (page_choice.py). Smaller ones fault in as they are read, with no call of
+    their own: small reads are many, and hold no huge page to choose for."""
+    large = [buffer for buffer in buffers if buffer.nbytes >= HUGE]
+    if large:
+        populate(large)
 
 
 def _read_range(
