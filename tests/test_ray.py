@@ -776,3 +776,58 @@ def test_load_shared_refuses_unusable_sharing_options(
         asyncio.run(load_shared("http://127.0.0.1:9/m.safetensors", **options))
     assert len(str(info.value)) < 2000
     assert ray.util.list_named_actors(all_namespaces=True) == before
+
+
+def _holders() -> list[str]:
+    """The names of load_shared's holders alive now."""
+    return [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "aioloader" and a["name"].startswith("aioloader-shared-")
+    ]
+
+
+def test_release_shared_returns_once_its_holders_are_gone(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """``ray.kill`` returns before the actor's name is free, and a load then found the
+    stopped holder by its name and failed ("killed by ray.kill"): the release waits."""
+    files = model(http_server.root / "rel", megabytes=2, seed=21)
+    url = http_server.url_for("rel/model.safetensors.index.json")
+    template = str(tmp_path / "rel-{node_id}")
+    replicas = _on_every_node()
+    try:
+        first = ray.get([r.shared_cached.remote(url, template) for r in replicas], timeout=300)
+        assert all(got.get("digests") == _reference(files) for got in first), first
+        assert release_shared(url, cache_dir=template) == 3
+        assert not _holders()
+    finally:
+        release_shared(url, cache_dir=template)
+        for replica in replicas:
+            ray.kill(replica)
+        stop_agents()
+
+
+def test_a_holder_killed_during_its_load_is_replaced(
+    cluster: dict[str, Any], http_server: FaultyHttpServer, tmp_path: Path
+) -> None:
+    """A holder stopped while callers wait for it (``release_shared`` elsewhere, a crash)
+    does not fail them: a new holder loads, once the stopped one's name is free."""
+    files = model(http_server.root / "kill", megabytes=2, seed=22)
+    url = http_server.url_for("kill/model.safetensors.index.json")
+    template = str(tmp_path / "kill-{node_id}")
+    http_server.stall(None, 3.0, before_headers=True, count=2)  # the load waits a while
+    replica = Replica.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(alive_nodes()[0], soft=False)
+    ).remote()
+    try:
+        waiting = replica.shared_cached.remote(url, template)
+        _wait_for("its holder", lambda: bool(_holders()))
+        [name] = _holders()
+        ray.kill(ray.get_actor(name, namespace="aioloader"))
+        got = ray.get(waiting, timeout=300)
+        assert got.get("digests") == _reference(files), got
+    finally:
+        release_shared(url, cache_dir=template)
+        ray.kill(replica)
+        stop_agents()

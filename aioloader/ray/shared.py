@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -225,14 +226,9 @@ async def load_shared(
     check_sharing(share, swarm_port)
     template = _template(options.get("cache_dir"))
     node_id = ray.get_runtime_context().get_node_id()
-    holder = _Holder.options(  # type: ignore[attr-defined]
-        name=_holder_name(key, node_id),
-        namespace="aioloader",
-        get_if_exists=True,
-        lifetime="detached",
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote()
-    got = await holder.refs.remote(where, options, template, share, swarm_port)
+    got = await _from_holder(
+        _holder_name(key, node_id), node_id, where, options, template, share, swarm_port
+    )
     if got["alone"] is not None and share is None:
         from .agents import warn_alone
 
@@ -253,6 +249,35 @@ async def load_shared(
 
 
 _PATH_MAX = 4096
+# How long a holder's name may still lead to a holder that was stopped (``ray.kill``
+# returns before the name is free) before a load or a release gives up on it.
+_NAME_FREED = 30.0
+
+
+async def _from_holder(
+    name: str, node_id: str, where: Location, options: dict[str, Any], template: str | None,
+    share: bool | None, swarm_port: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The node's holder's answer: its refs. A holder stopped meanwhile (``release_shared``
+    elsewhere, a crash) is replaced once its name is free: ``get_if_exists`` hands out
+    the stopped one until then."""
+    deadline = time.monotonic() + _NAME_FREED
+    pause = 0.05
+    while True:
+        holder = _Holder.options(  # type: ignore[attr-defined]
+            name=name,
+            namespace="aioloader",
+            get_if_exists=True,
+            lifetime="detached",
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote()
+        try:
+            return await holder.refs.remote(where, options, template, share, swarm_port)  # type: ignore[no-any-return]
+        except ray.exceptions.RayActorError:
+            if time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 1.0)
 
 
 def _template(cache_dir: Any) -> str | None:
@@ -286,4 +311,17 @@ def release_shared(url: str, nodes: Sequence[str] | None = None, **options: Any)
             continue
         ray.kill(holder)
         stopped += 1
+        _wait_freed(_holder_name(key, node_id))
     return stopped
+
+
+def _wait_freed(name: str) -> None:
+    """Wait until no actor is named ``name`` (``ray.kill`` returns first), so that a load
+    after ``release_shared`` starts a new holder; at most ``_NAME_FREED`` seconds."""
+    deadline = time.monotonic() + _NAME_FREED
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace="aioloader")
+        except ValueError:
+            return
+        time.sleep(0.05)
