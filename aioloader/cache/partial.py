@@ -40,7 +40,7 @@ import xxhash
 
 from ..reads.ranges import RangeSet
 from ..redact import redacting_logger
-from ..runtime.direct_io import DIRECT_IO, fill, write_direct
+from ..runtime.direct_io import DIRECT_IO, fill, write_at
 from ..sources.base import clip
 from ..sources.digests import Digest
 from .checksum import DigestMismatch, PrefixHash, Published
@@ -257,9 +257,7 @@ class PartialFile:
         fd = self._require()
         position = offset
         for view in clip(buffers, self.size - offset):
-            written = 0 if self._direct is None else write_direct(self._direct, view, position)
-            while written < view.nbytes:
-                written += os.pwrite(fd, view[written:], position + written)
+            write_at(fd, self._direct, view, position)
             position += view.nbytes
         self._written(fd, offset, position, digest)
 

@@ -301,18 +301,20 @@ def release_shared(url: str, nodes: Sequence[str] | None = None, **options: Any)
     """Stop the holders of ``url`` loaded with ``options`` (the same as given to
     ``load_shared``), on ``nodes`` (default all): their objects are freed once no
     actor holds a tensor of them. Returns how many were stopped."""
-    stopped = 0
     key = _holder_key(url, {k: v for k, v in options.items() if k not in _SHARING})
     node_ids = list(nodes) if nodes is not None else [n["NodeID"] for n in ray.nodes()]
+    stopped = []
     for node_id in node_ids:
+        name = _holder_name(key, node_id)
         try:
-            holder = ray.get_actor(_holder_name(key, node_id), namespace="aioloader")
+            holder = ray.get_actor(name, namespace="aioloader")
         except ValueError:
             continue
         ray.kill(holder)
-        stopped += 1
-        _wait_freed(_holder_name(key, node_id))
-    return stopped
+        stopped.append(name)
+    for name in stopped:  # all killed first: their names are freed side by side
+        _wait_freed(name)
+    return len(stopped)
 
 
 def _wait_freed(name: str) -> None:

@@ -18,7 +18,15 @@ import errno
 import os
 import sys
 
-__all__ = ["ALIGNMENT", "DIRECT_IO", "fill", "is_aligned", "read_direct", "write_direct"]
+__all__ = [
+    "ALIGNMENT",
+    "DIRECT_IO",
+    "fill",
+    "is_aligned",
+    "read_direct",
+    "write_at",
+    "write_direct",
+]
 
 #: What ``O_DIRECT`` asks of offsets, lengths and addresses on every disk we know.
 ALIGNMENT = 4096
@@ -89,3 +97,12 @@ def write_direct(fd: int, view: memoryview, position: int) -> int:
         if n % ALIGNMENT:
             break  # a short write off the block grid: buffered writes finish it
     return written
+
+
+def write_at(fd: int, direct: int | None, view: memoryview, position: int) -> None:
+    """Write all of ``view`` at ``position``: its page-aligned start with ``O_DIRECT``
+    through ``direct`` where there is one (``write_direct``), the rest buffered through
+    ``fd``, a descriptor of the same file."""
+    written = 0 if direct is None else write_direct(direct, view, position)
+    while written < view.nbytes:
+        written += os.pwrite(fd, view[written:], position + written)

@@ -33,7 +33,7 @@ from typing import Any
 import xxhash
 
 from ...redact import redacting_logger
-from ...runtime.direct_io import DIRECT_IO, write_direct
+from ...runtime.direct_io import DIRECT_IO, write_at
 from ...sources.hf.hf_cache import HfCache, sweep_temporaries, temporary_name
 from ...sources.hf.snapshot import Snapshot
 
@@ -132,9 +132,7 @@ class _File:
         self.direct = direct
 
     def write(self, data: memoryview, at: int) -> None:
-        done = 0 if self.direct is None else write_direct(self.direct, data, at)
-        while done < data.nbytes:
-            done += os.pwrite(self.fd, data[done:], at + done)
+        write_at(self.fd, self.direct, data, at)
 
     def close(self) -> None:
         if self.direct is not None:
