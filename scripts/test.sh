@@ -7,7 +7,17 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 # Two workers by default (AIOLOADER_TEST_WORKERS=0: one process, as before).
-python -m pytest -n "${AIOLOADER_TEST_WORKERS:-2}" "$@"
+python -m pytest -n "${AIOLOADER_TEST_WORKERS:-2}" --dist worksteal "$@"
+# .ci/run makes .venv-ray while the suite above runs, and names the file its exit status
+# goes to: wait for it, and show its log if it failed.
+if [ -n "${AIOLOADER_RAY_SETUP_RC:-}" ]; then
+    while [ ! -s "$AIOLOADER_RAY_SETUP_RC" ]; do sleep 1; done
+    if [ "$(cat "$AIOLOADER_RAY_SETUP_RC")" != 0 ]; then
+        cat "${AIOLOADER_RAY_SETUP_RC%.rc}.log" >&2
+        echo "scripts/ray_setup.sh failed (its output above)" >&2
+        exit 1
+    fi
+fi
 if [ -x .venv-ray/bin/python ]; then
     .venv-ray/bin/python -m pytest -p no:cacheprovider tests/test_ray.py "$@"
 fi
