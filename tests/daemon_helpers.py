@@ -35,9 +35,12 @@ TOKEN = "9f2c4e71b8a35d06c1e7f4a29b83d5e0"
 """A token the daemon accepts (32 hex digits, as `openssl rand -hex 16` makes)."""
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now: ask on the address the daemon will bind. One free on
+    127.0.0.1 may be taken on 127.0.0.171 by a daemon of a test on the other worker
+    (its outgoing connections leave from its own address): "address already in use"."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 

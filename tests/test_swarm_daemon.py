@@ -21,7 +21,7 @@ class Node(Daemon):
         self.host = f"127.0.0.{n}"
         super().__init__(
             tmp_path / f"cache{n}",
-            "--host", self.host, "--peers", peers, "--swarm-port", str(free_port()),
+            "--host", self.host, "--peers", peers, "--swarm-port", str(free_port(self.host)),
             "--swarm-wait", "1", "--swarm-stall", "10", *args,
             token=TOKEN,
         )  # fmt: skip
@@ -48,8 +48,8 @@ def test_a_node_gets_a_model_from_its_peer_with_no_origin_bytes(
     index, files = write_model(http_server.root / "m", shards=3, kib=512)
     url = http_server.url_for("m/model.safetensors.index.json")
     model_bytes = sum(f.stat().st_size for f in [index, *files])
-    ports = [free_port(), free_port()]
-    dead = f"127.0.0.79:{free_port()}"  # named, never started: costs a refused connect
+    ports = [free_port("127.0.0.71"), free_port("127.0.0.72")]
+    dead = "127.0.0.79:" + str(free_port("127.0.0.79"))  # named, never started: a refused connect
     peers = f"127.0.0.71:{ports[0]},127.0.0.72:{ports[1]},{dead}"
     first = Node(tmp_path, 71, peers, "--model", url)
     first.port = ports[0]
@@ -136,7 +136,7 @@ def test_a_lying_peer_is_ignored_and_the_origin_serves(
     _index, files = write_model(http_server.root / "m", shards=2, kib=64)
     url = http_server.url_for("m/model.safetensors.index.json")
     liar = _Liar(body, status)
-    port = free_port()
+    port = free_port("127.0.0.73")
     try:
         node = Node(tmp_path, 73, f"127.0.0.73:{port},127.0.0.78:{liar.port}", "--model", url)
         node.port = port

@@ -20,7 +20,7 @@ pytest.importorskip("libtorrent")
 
 def _fleet(tmp_path: Path, first: int, *caps: str) -> list[Node]:
     hosts = [first + i for i in range(len(caps))]
-    ports = [free_port() for _ in hosts]
+    ports = [free_port(f"127.0.0.{n}") for n in hosts]
     peers = ",".join(f"127.0.0.{n}:{p}" for n, p in zip(hosts, ports, strict=True))
     nodes = []
     for n, port, cap in zip(hosts, ports, caps, strict=True):
@@ -121,7 +121,7 @@ def test_nodes_with_different_caps_deal_alike(
 
 
 def test_a_bad_cap_stops_the_daemon_with_its_name(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_port("127.0.0.131")
     node = Node(tmp_path, 131, f"127.0.0.131:{port}", "--swarm-origin-requests", "-3")
     node.port = port
     node.start(wait=False)

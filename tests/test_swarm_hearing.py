@@ -124,7 +124,7 @@ def _deaf_at_first(
     url = http_server.url_for("m/w.safetensors")
     size = file.stat().st_size
     hosts = [171, 172, 173]
-    ports = [free_port() for _ in hosts]
+    ports = [free_port(f"127.0.0.{h}") for h in hosts]
     apis = [f"127.0.0.{h}:{p}" for h, p in zip(hosts, ports, strict=True)]
     with HeldProxy(apis[0], 3600) as to_a, HeldProxy(apis[1], 3600) as to_b:
         lists = [  # a reaches b through a proxy, b reaches a through one; c both direct
@@ -199,7 +199,7 @@ def test_a_node_that_dealt_its_own_split_takes_one_published_that_comes_first(
                 "state": "fetching", "files": [], "split": list(rival[0])}  # fmt: skip
 
     with FakePeer(manifest, TOKEN) as peer:
-        port = free_port()
+        port = free_port("127.0.0.181")
         node = Node(tmp_path, 181, f"127.0.0.181:{port},{peer.address}", "--swarm-wait", "3")
         node.port = port
         try:

@@ -302,7 +302,7 @@ def test_a_range_held_whole_is_read_as_held_and_written_back_alike() -> None:
 
 def _fleet(tmp_path: Path, first: int, count: int, *args: str) -> list[Node]:
     hosts = [first + i for i in range(count)]
-    ports = [free_port() for _ in hosts]
+    ports = [free_port(f"127.0.0.{n}") for n in hosts]
     peers = ",".join(f"127.0.0.{n}:{p}" for n, p in zip(hosts, ports, strict=True))
     nodes = []
     for n, port in zip(hosts, ports, strict=True):
