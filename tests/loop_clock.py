@@ -39,6 +39,7 @@ class LoopClock:
 
     def __init__(self) -> None:
         self.callbacks = 0
+        self.reads = 0  # callbacks that read a socket ready to be read (a transport's)
         self.spent = 0.0  # all callbacks together
         self.worst = 0.0
         self.worst_callback = ""
@@ -60,6 +61,7 @@ class LoopClock:
             finally:
                 spent = time.thread_time() - start - (clock._collected - collected)
                 clock.callbacks += 1
+                clock.reads += "_read_ready" in getattr(handle._callback, "__qualname__", "")
                 clock.spent += spent
                 if spent > clock.worst:
                     clock.worst = spent

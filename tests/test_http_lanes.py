@@ -374,20 +374,26 @@ async def test_a_closed_transport_starts_no_lanes(http_server: FaultyHttpServer)
 async def test_the_loop_stays_responsive_while_lanes_receive(
     http_server: FaultyHttpServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The caller's loop only dispatches: no callback holds it long, and its callbacks
-    take far less CPU time than when it receives the 128 MiB itself (about a third,
-    measured; the rest of a load's work is the same either way)."""
+    """The caller's loop only dispatches: no callback holds it long, it reads no body
+    (a handful of socket reads, the header's, against hundreds when it receives the
+    128 MiB itself), and its callbacks take less CPU time than when it receives. The
+    CPU time alone was compared before, at under 0.6 of one lane's: a quarter to a third
+    as a rule, but 0.49 on a quiet machine once and over 0.6 in a two-worker run, since
+    the rest of a load's loop work (about 12 ms: plan, header, tensors) is the same either
+    way and one lane's receive gets cheaper the larger the reads a busy machine lets
+    pile up."""
     path = write_big(http_server.root, count=512)
-    spent = {}
+    spent, reads = {}, {}
     for lanes in (1, 2):
         gc.collect()
         with loop_clock(monkeypatch) as clock:
             url = http_server.url_for(NAME)
             got = await load_model(url, chunk_size="4MiB", receive_lanes=lanes)
-        spent[lanes] = clock.spent
-        print(lanes, f"{clock.spent * 1000:.1f} ms in all;", clock.describe())
+        spent[lanes], reads[lanes] = clock.spent, clock.reads
+        print(lanes, f"{clock.spent * 1000:.1f} ms in all, {clock.reads} reads;", clock.describe())
         assert_matches_files(got, path)
         del got
     assert clock.callbacks > 5, "the loop must have run during the load"
     assert clock.worst < 0.050, clock.describe()
-    assert spent[2] < 0.6 * spent[1], spent
+    assert reads[1] >= 100 and reads[2] <= 16, reads
+    assert spent[2] < spent[1], spent
