@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .fleet import free_port
 from .helpers import write_file
 
 # Lets the daemon run under resource limits: a file size limit (a "full disk" for files
@@ -33,15 +33,6 @@ _LIMITED = (
 
 TOKEN = "9f2c4e71b8a35d06c1e7f4a29b83d5e0"
 """A token the daemon accepts (32 hex digits, as `openssl rand -hex 16` makes)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` now: ask on the address the daemon will bind. One free on
-    127.0.0.1 may be taken on 127.0.0.171 by a daemon of a test on the other worker
-    (its outgoing connections leave from its own address): "address already in use"."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def write_model(folder: Path, shards: int, kib: int, seed: int = 0) -> tuple[Path, list[Path]]:

@@ -74,6 +74,9 @@ def swarm_missing() -> str | None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now: ask on the address the daemon will bind. One free on
+    127.0.0.1 may be taken on 127.0.0.171 by a daemon of a test on the other worker
+    (its outgoing connections leave from its own address): "address already in use"."""
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
